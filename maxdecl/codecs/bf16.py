@@ -1,0 +1,1 @@
+"""bf16 encoding (being written)."""

@@ -1,0 +1,1 @@
+"""q4_0 encoding (being written)."""

@@ -1,0 +1,1 @@
+"""q4_k encoding (being written)."""

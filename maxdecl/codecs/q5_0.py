@@ -1,0 +1,1 @@
+"""q5_0 encoding (being written)."""

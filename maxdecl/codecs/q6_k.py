@@ -1,0 +1,1 @@
+"""q6_k encoding (being written)."""

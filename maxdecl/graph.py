@@ -1,0 +1,345 @@
+"""Graph, Value and Node: symbolic construction with layer scopes, then execution.
+
+A node is added by ``Graph._add_node``: the op's shape/dtype rule runs at once, so a
+mistake fails at build time with a ``GraphError`` naming the spec ``file:line:col``
+(when the node came from a spec), the layer path, the op and the input types.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dtypes import DType, TensorType, format_shape
+from .errors import GraphError, MaxdeclError
+from .tensors import QuantizedTensor
+
+_CURRENT: contextvars.ContextVar["Graph | None"] = contextvars.ContextVar("maxdecl_graph",
+                                                                         default=None)
+
+
+@dataclass(frozen=True)
+class QuantizedType:
+    """Type of a packed-block tensor: uint8 bytes that decode to ``logical_shape``."""
+
+    encoding: str
+    logical_shape: tuple
+
+    @property
+    def dtype(self) -> DType:
+        return DType.uint8
+
+    @property
+    def shape(self) -> tuple:
+        from . import codecs
+
+        enc = codecs.get(self.encoding)
+        *lead, k = self.logical_shape
+        last = k // enc.block_elements * enc.block_bytes if isinstance(k, int) else k
+        return (*lead, last)
+
+    @property
+    def rank(self) -> int:
+        return len(self.logical_shape)
+
+    def __str__(self) -> str:
+        return f"{self.encoding}{format_shape(self.logical_shape)}"
+
+
+class Value:
+    """A symbolic tensor of a graph: ``.dtype``, ``.shape``, ``.rank``.
+
+    Quantized values have dtype uint8 (packed GGML blocks), ``.encoding`` and
+    ``.logical_shape`` (the float shape they decode to).
+    """
+
+    __slots__ = ("graph", "type", "node", "index", "name")
+
+    def __init__(self, graph, type_, node=None, index=0, name=None):
+        self.graph = graph
+        self.type = type_
+        self.node = node
+        self.index = index
+        self.name = name
+
+    dtype = property(lambda self: self.type.dtype)
+    shape = property(lambda self: self.type.shape)
+    rank = property(lambda self: len(self.type.shape))
+
+    @property
+    def encoding(self) -> str | None:
+        return self.type.encoding if isinstance(self.type, QuantizedType) else None
+
+    @property
+    def logical_shape(self) -> tuple:
+        return self.type.logical_shape if isinstance(self.type, QuantizedType) else self.shape
+
+    @property
+    def is_quantized(self) -> bool:
+        return isinstance(self.type, QuantizedType)
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"Value{label}({self.type})"
+
+    # Operator sugar, as torch/MAX users expect.
+    def __add__(self, o):
+        from . import ops
+        return ops.add(self, o)
+
+    def __radd__(self, o):
+        from . import ops
+        return ops.add(o, self)
+
+    def __sub__(self, o):
+        from . import ops
+        return ops.sub(self, o)
+
+    def __rsub__(self, o):
+        from . import ops
+        return ops.sub(o, self)
+
+    def __mul__(self, o):
+        from . import ops
+        return ops.mul(self, o)
+
+    def __rmul__(self, o):
+        from . import ops
+        return ops.mul(o, self)
+
+    def __truediv__(self, o):
+        from . import ops
+        return ops.div(self, o)
+
+    def __rtruediv__(self, o):
+        from . import ops
+        return ops.div(o, self)
+
+    def __matmul__(self, o):
+        from . import ops
+        return ops.matmul(self, o)
+
+    def __neg__(self):
+        from . import ops
+        return ops.neg(self)
+
+
+@dataclass(eq=False)
+class Node:
+    """One op application: ``op`` name, inputs, outputs, attributes and where it came from."""
+
+    op: str
+    inputs: list
+    outputs: list = field(default_factory=list)
+    attrs: dict = field(default_factory=dict)
+    layer: str = ""               # dotted layer path current when the node was added
+    origin: str | None = None     # spec "file:line:col" when built from a spec
+
+    def where(self) -> str:
+        """``file:line:col: layer: op`` prefix for messages."""
+        parts = [p for p in (self.origin, self.layer or "<root>", self.op) if p]
+        return ": ".join(parts)
+
+
+def describe_value(v) -> str:
+    """``float32[seq, 16]`` or ``q4_k[1024, 4096]`` for a Value or a runtime array."""
+    if isinstance(v, Value):
+        return str(v.type)
+    if isinstance(v, QuantizedTensor):
+        return f"{v.encoding}{format_shape(v.shape)}"
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype.name}{format_shape(v.shape)}"
+    return type(v).__name__
+
+
+class Graph:
+    """A computation under construction; nodes are kept in insertion order.
+
+    Example::
+
+        g = md.Graph("mlp", input_types=[md.TensorType(md.DType.float32, ("batch", 16))])
+        with g.layer("fc1"):
+            y = md.ops.relu(g.inputs[0])
+        g.output(y)
+        (out,) = g.execute(np.ones((2, 16), np.float32))
+    """
+
+    def __init__(self, name: str, input_types=(), input_names=None):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.outputs: list[Value] = []
+        self.weights: dict[str, Value] = {}
+        self._layers: list[str] = []
+        self._origin: str | None = None
+        self._tokens: list = []
+        names = list(input_names) if input_names else [None] * len(input_types)
+        self.inputs = [Value(self, _as_type(t), None, i, n)
+                       for i, (t, n) in enumerate(zip(input_types, names))]
+
+    # -- scopes ------------------------------------------------------------------------
+    def __enter__(self) -> "Graph":
+        self._tokens.append(_CURRENT.set(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self._tokens.pop())
+
+    @staticmethod
+    def current() -> "Graph | None":
+        """The graph made current by ``with g:``, or None."""
+        return _CURRENT.get()
+
+    @contextmanager
+    def layer(self, name):
+        """Nest a named layer scope; nodes added inside record its dotted path."""
+        name = str(name)
+        if not name or any(not part for part in name.split(".")):
+            raise GraphError(f"{self.current_layer() or '<root>'}: invalid layer name {name!r}")
+        self._layers.append(name)
+        try:
+            yield self.current_layer()
+        finally:
+            self._layers.pop()
+
+    def current_layer(self) -> str:
+        """Dotted path of the innermost open layer scope; ``""`` at the root."""
+        return ".".join(self._layers)
+
+    @contextmanager
+    def origin(self, where: str | None):
+        """Attach a spec position (``file:line:col``) to nodes added in this scope."""
+        saved, self._origin = self._origin, where or self._origin
+        try:
+            yield
+        finally:
+            self._origin = saved
+
+    # -- leaves ------------------------------------------------------------------------
+    def constant(self, value, dtype=None) -> Value:
+        """A constant tensor node (NumPy array, scalar or QuantizedTensor)."""
+        if isinstance(value, QuantizedTensor):
+            return self._add_node("constant", [], {"value": value})[0]
+        arr = np.asarray(value, dtype=DType.parse(dtype).numpy if dtype is not None else None)
+        if arr.dtype == np.float64 and dtype is None:
+            arr = arr.astype(np.float32)
+        return self._add_node("constant", [], {"value": arr})[0]
+
+    def weight(self, name: str, tensor_type, encoding=None) -> Value:
+        """Declare a named weight bound at ``execute(weights=...)`` (or by ``md.build``).
+
+        ``tensor_type`` is the logical float type; with ``encoding`` the value holds
+        packed blocks (dtype uint8) of that encoding.
+        """
+        if name in self.weights:
+            raise GraphError(f"{self.current_layer() or '<root>'}: weight {name!r} declared twice")
+        t = _as_type(tensor_type)
+        if encoding is not None:
+            attrs = {"name": name, "type": t, "encoding": str(encoding).lower()}
+        else:
+            attrs = {"name": name, "type": t, "encoding": None}
+        v = self._add_node("weight", [], attrs)[0]
+        v.name = name
+        self.weights[name] = v
+        return v
+
+    def quantize(self, value_or_array, encoding) -> Value:
+        """A quantized tensor (uint8 packed GGML blocks; ``.logical_shape`` = float shape)."""
+        from . import codecs
+
+        enc = codecs.get(encoding)
+        if isinstance(value_or_array, Value):
+            return self._add_node("quantize", [value_or_array], {"encoding": enc.name})[0]
+        arr = np.ascontiguousarray(value_or_array, dtype=np.float32)
+        try:
+            qt = QuantizedTensor(enc.quantize(arr), arr.shape, enc.name)
+        except MaxdeclError as e:
+            raise GraphError(f"{self.current_layer() or '<root>'}: quantize: {e}") from None
+        return self.constant(qt)
+
+    def output(self, *values) -> None:
+        """Mark the graph's outputs (a list or several values)."""
+        if len(values) == 1 and isinstance(values[0], (list, tuple)):
+            values = tuple(values[0])
+        for v in values:
+            if not isinstance(v, Value) or v.graph is not self:
+                raise GraphError(f"{self.name}: output {v!r} is not a value of this graph")
+        self.outputs = list(values)
+
+    # -- the one place nodes are made -------------------------------------------------
+    def _add_node(self, op: str, inputs: list, attrs: dict) -> list[Value]:
+        from .ops import _registry
+
+        node = Node(op, list(inputs), [], dict(attrs), self.current_layer(), self._origin)
+        try:
+            opdef = _registry.get(op)
+            for v in node.inputs:
+                if not isinstance(v, Value):
+                    raise TypeError(f"input {v!r} is not a graph value")
+                if v.graph is not self:
+                    raise ValueError(f"input {v} belongs to graph {v.graph.name!r}, not {self.name!r}")
+            if opdef.normalize is not None:
+                node.attrs = opdef.normalize(node.attrs)
+            out_types = opdef.infer(node.inputs, node.attrs)
+        except GraphError as e:
+            if node.layer and node.layer in str(e):
+                raise
+            raise GraphError(f"{node.where()}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - every build failure becomes one GraphError
+            raise GraphError(_message(node, node.inputs, e)) from e
+        node.outputs = [Value(self, t, node, i) for i, t in enumerate(out_types)]
+        self.nodes.append(node)
+        return node.outputs
+
+    # -- execution ---------------------------------------------------------------------
+    def execute(self, *inputs, weights=None) -> list[np.ndarray]:
+        """Run the graph on NumPy inputs; returns the outputs as NumPy arrays.
+
+        ``weights`` (a TensorDict or mapping) binds the declared ``g.weight`` names.
+        """
+        from .execute import run_graph
+
+        return run_graph(self, inputs, weights)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self.inputs)} inputs, {len(self.nodes)} nodes)"
+
+
+def _as_type(t):
+    if isinstance(t, (TensorType, QuantizedType)):
+        return t
+    if isinstance(t, tuple) and len(t) == 2:
+        return TensorType(*t)
+    raise TypeError(f"expected a md.TensorType, got {t!r}")
+
+
+def _message(node: Node, args, exc: BaseException) -> str:
+    ins = ", ".join(describe_value(a) for a in args) or "no inputs"
+    text = str(exc) or type(exc).__name__
+    return f"{node.where()}: {text} (inputs: {ins})"
+
+
+def format_system_stack(limit: int | None = None) -> str:
+    """The current Python call stack for humans: innermost last, maxdecl frames folded."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    frames = traceback.extract_stack()[:-1]
+    if limit:
+        frames = frames[-limit:]
+    lines, folded = [], 0
+    for fr in frames:
+        if os.path.abspath(fr.filename).startswith(pkg):
+            folded += 1
+            continue
+        if folded:
+            lines.append(f"  ... {folded} maxdecl frame{'s' if folded > 1 else ''} ...")
+            folded = 0
+        lines.append(f"  {fr.filename}:{fr.lineno} in {fr.name}")
+        if fr.line:
+            lines.append(f"    {fr.line.strip()}")
+    if folded:
+        lines.append(f"  ... {folded} maxdecl frame{'s' if folded > 1 else ''} ...")
+    return "\n".join(lines)

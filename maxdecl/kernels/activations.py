@@ -1,0 +1,56 @@
+"""Activation kernels: silu, gelu (erf), gelu_tanh, flat and parallel over elements."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from .config import CACHE
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _silu(x, out):
+    # x, out: (n,) f32
+    for i in numba.prange(x.size):
+        v = x[i]
+        out[i] = v / (np.float32(1) + np.exp(-v))
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _gelu(x, out):
+    # exact GELU: 0.5 x (1 + erf(x / sqrt 2)), computed in float64 for accuracy
+    for i in numba.prange(x.size):
+        v = np.float64(x[i])
+        out[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _gelu_tanh(x, out):
+    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    for i in numba.prange(x.size):
+        v = np.float64(x[i])
+        out[i] = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+
+
+def _apply(kernel, x):
+    x = np.ascontiguousarray(x)
+    out = np.empty_like(x)
+    kernel(x.reshape(-1), out.reshape(-1))
+    return out
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    return _apply(_silu, x)
+
+
+def gelu(x):
+    """GELU with erf, as torch's default."""
+    return _apply(_gelu, x)
+
+
+def gelu_tanh(x):
+    """GELU, tanh approximation (torch approximate='tanh')."""
+    return _apply(_gelu_tanh, x)

@@ -1,0 +1,3 @@
+"""(being written) ops of the conv family."""
+
+__all__: list[str] = []

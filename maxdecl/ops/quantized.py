@@ -1,0 +1,3 @@
+"""(being written) ops of the quantized family."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""(being written) ops of the transformer family."""
+
+__all__: list[str] = []

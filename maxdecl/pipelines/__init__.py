@@ -1,0 +1,1 @@
+"""Generation pipelines: tokenizers, sampling, the generation loop, run and quantize."""

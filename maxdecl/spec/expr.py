@@ -1,0 +1,262 @@
+"""A small, safe expression language for spec strings: ``"{dim // n_heads}"``.
+
+Expressions are parsed with :mod:`ast` and evaluated by walking a whitelist of
+node types; nothing is ever passed to ``eval``. Supported:
+
+* literals: ints, floats, strings, ``True``/``False``/``None``, lists, tuples;
+* names: hyperparameters, derived params, loop indices, block params;
+* ``+ - * / // % **``, unary ``- + not``, comparisons (chained), ``and``/``or``,
+  ``x if c else y``, subscripts (``sizes[0]``);
+* calls of whitelisted functions only (see ``FUNCTIONS``).
+
+A whole-string expression ``"{expr}"`` keeps its type (int, float, list, None);
+a string that mixes text and ``{expr}`` parts is interpolated (``"blk.{i}"``).
+
+Example::
+
+    >>> evaluate("dim // n_heads", {"dim": 4096, "n_heads": 32})
+    128
+    >>> render("blk.{i}.attn_q", {"i": 3})
+    'blk.3.attn_q'
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+
+
+class ExprError(ValueError):
+    """An expression that cannot be parsed or evaluated; the message says why."""
+
+
+def alibi_slopes(n_heads, max_bias=8.0) -> list:
+    """ALiBi head slopes as MPT and llama.cpp define them.
+
+    With ``n = 2**floor(log2(n_heads))``: head ``h < n`` gets ``m0**(h+1)`` with
+    ``m0 = 2**(-max_bias/n)``; the remaining heads get ``m1**(2*(h-n)+1)`` with
+    ``m1 = 2**(-max_bias/2/n)`` (equal to MPT's ``gen_slopes``).
+
+    >>> alibi_slopes(4, 8.0)
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    """
+    n_heads = int(n_heads)
+    if n_heads <= 0:
+        raise ExprError(f"alibi_slopes: n_heads must be positive, got {n_heads}")
+    n = 2 ** int(math.floor(math.log2(n_heads)))
+    m0 = 2.0 ** (-float(max_bias) / n)
+    m1 = 2.0 ** (-float(max_bias) / 2.0 / n)
+    return [m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(n_heads)]
+
+
+FUNCTIONS = {
+    "min": min, "max": max, "abs": abs, "round": round, "int": int, "float": float,
+    "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
+    "log2": math.log2, "ceil": math.ceil, "floor": math.floor,
+    "alibi_slopes": alibi_slopes,
+}
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+_CMP = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_MAX_POW = 4096          # keeps "2 ** 10 ** 10" from eating the machine
+_MAX_LEN = 1_000_000     # longest list/str a multiplication may build
+
+
+def parse(text: str) -> ast.AST:
+    """Parse ``text`` as one Python expression; ExprError on syntax errors."""
+    try:
+        return ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as e:
+        raise ExprError(f"invalid expression {text.strip()!r}: {e.msg}") from None
+
+
+def names(text: str) -> set[str]:
+    """Variable names an expression reads (function names excluded)."""
+    tree = parse(text)
+    funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs}
+
+
+def evaluate(text: str, env: dict):
+    """Value of expression ``text`` with the variables in ``env``."""
+    return _eval(parse(text), env, text)
+
+
+def _eval(node, env, text):
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, (int, float, str, bool)) or node.value is None:
+            return node.value
+        raise ExprError(f"{text!r}: constant {node.value!r} is not allowed")
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        raise ExprError(f"undefined name {node.id!r} in {text.strip()!r}" + _hint(node.id, env))
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_eval(e, env, text) for e in node.elts]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _eval(node.left, env, text), _eval(node.right, env, text)
+        _guard(node.op, a, b, text)
+        try:
+            return _BINOPS[type(node.op)](a, b)
+        except (ArithmeticError, TypeError, ValueError) as e:
+            raise ExprError(f"{text.strip()!r}: {e}") from None
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        v = _eval(node.operand, env, text)
+        try:
+            return _UNARY[type(node.op)](v)
+        except TypeError as e:
+            raise ExprError(f"{text.strip()!r}: {e}") from None
+    if isinstance(node, ast.BoolOp):
+        is_and = isinstance(node.op, ast.And)
+        v = None
+        for e in node.values:
+            v = _eval(e, env, text)
+            if bool(v) != is_and:
+                return v
+        return v
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env, text)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _eval(right_node, env, text)
+            try:
+                ok = _CMP[type(op)](left, right)
+            except TypeError as e:
+                raise ExprError(f"{text.strip()!r}: {e}") from None
+            if not ok:
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        cond = _eval(node.test, env, text)
+        return _eval(node.body if cond else node.orelse, env, text)
+    if isinstance(node, ast.Subscript):
+        seq = _eval(node.value, env, text)
+        idx = _eval(node.slice, env, text)
+        try:
+            return seq[idx]
+        except (IndexError, TypeError, KeyError) as e:
+            raise ExprError(f"{text.strip()!r}: {e}") from None
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            fname = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            raise ExprError(f"unknown function {fname!r} in {text.strip()!r} (allowed: "
+                            f"{', '.join(sorted(FUNCTIONS))})")
+        if node.keywords:
+            raise ExprError(f"{text.strip()!r}: keyword arguments are not supported")
+        args = [_eval(a, env, text) for a in node.args]
+        try:
+            return FUNCTIONS[node.func.id](*args)
+        except ExprError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as e:
+            raise ExprError(f"{text.strip()!r}: {node.func.id}: {e}") from None
+    raise ExprError(f"{text.strip()!r}: {type(node).__name__} is not allowed in expressions")
+
+
+def _guard(op, a, b, text):
+    if isinstance(op, ast.Pow) and isinstance(b, (int, float)) and abs(b) > _MAX_POW:
+        raise ExprError(f"{text.strip()!r}: exponent {b} is too large")
+    if isinstance(op, ast.Mult):
+        for seq, n in ((a, b), (b, a)):
+            if isinstance(seq, (list, str)) and isinstance(n, int) and len(seq) * n > _MAX_LEN:
+                raise ExprError(f"{text.strip()!r}: result is too long")
+
+
+def _hint(name: str, env: dict) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, [k for k in env if not k.startswith("_")], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# -- strings with {expr} parts ---------------------------------------------------------
+
+def split_template(s: str) -> list[tuple[bool, str]]:
+    """Split ``"blk.{i}.x"`` into ``[(False, "blk."), (True, "i"), (False, ".x")]``.
+
+    ``{{`` and ``}}`` stand for literal braces. Brackets inside an expression nest.
+    """
+    parts, buf, i, n = [], [], 0, len(s)
+    while i < n:
+        c = s[i]
+        if c in "{}" and i + 1 < n and s[i + 1] == c:
+            buf.append(c)
+            i += 2
+            continue
+        if c == "}":
+            raise ExprError(f"unmatched '}}' in {s!r}")
+        if c != "{":
+            buf.append(c)
+            i += 1
+            continue
+        depth, j = 1, i + 1
+        while j < n and depth:
+            depth += {"{": 1, "}": -1}.get(s[j], 0)
+            j += 1
+        if depth:
+            raise ExprError(f"unclosed '{{' in {s!r}")
+        if buf:
+            parts.append((False, "".join(buf)))
+            buf = []
+        inner = s[i + 1:j - 1]
+        if not inner.strip():
+            raise ExprError(f"empty '{{}}' in {s!r}")
+        parts.append((True, inner))
+        i = j
+    if buf:
+        parts.append((False, "".join(buf)))
+    return parts
+
+
+def is_template(value) -> bool:
+    """True for a string with at least one ``{expr}`` part."""
+    return isinstance(value, str) and "{" in value and any(e for e, _ in _safe_split(value))
+
+
+def _safe_split(s):
+    try:
+        return split_template(s)
+    except ExprError:
+        return [(True, s)]
+
+
+def render(value, env: dict):
+    """Evaluate a spec value: ``"{e}"`` -> value of e (typed); ``"a{e}b"`` -> str;
+    lists are rendered element-wise; anything else is returned unchanged."""
+    if isinstance(value, list):
+        return [render(v, env) for v in value]
+    if not isinstance(value, str) or "{" not in value and "}" not in value:
+        return value
+    parts = split_template(value)
+    if len(parts) == 1 and parts[0][0]:
+        return evaluate(parts[0][1], env)
+    return "".join(_to_text(evaluate(t, env)) if is_expr else t for is_expr, t in parts)
+
+
+def _to_text(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def template_names(value) -> set[str]:
+    """Names read by every ``{expr}`` in ``value`` (recursing into lists)."""
+    if isinstance(value, list):
+        return set().union(*(template_names(v) for v in value)) if value else set()
+    if not isinstance(value, str) or "{" not in value:
+        return set()
+    out = set()
+    for is_expr, t in split_template(value):
+        if is_expr:
+            out |= names(t)
+    return out

@@ -1,0 +1,129 @@
+"""The spec JSON Schema (``SCHEMA``) and its errors as positioned problems.
+
+Every error from Draft 2020-12 ``iter_errors`` becomes one ``RawProblem`` at the
+YAML mark nearest to the error's ``absolute_path``. For ``oneOf``/``anyOf`` the
+best (deepest) alternative's error is shown and the rest are counted, as
+check-jsonschema does. Messages say what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from .marks import RawProblem, nearest_mark, pointer_escape
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "spec.schema.json"
+SCHEMA: dict = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+_VALIDATOR = None
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string",
+               list: "array", dict: "object", type(None): "null"}
+
+
+def _validator():
+    global _VALIDATOR
+    if _VALIDATOR is None:
+        from jsonschema import Draft202012Validator
+
+        _VALIDATOR = Draft202012Validator(SCHEMA)
+    return _VALIDATOR
+
+
+def check(data, marks) -> list[RawProblem]:
+    """All schema errors of ``data``, each at its nearest YAML position."""
+    out = []
+    for err in _validator().iter_errors(data):
+        out.extend(_to_problems(err, marks))
+    return out
+
+
+def _ptr(path) -> str:
+    return "".join("/" + pointer_escape(p) for p in path)
+
+
+def _deepest(err):
+    """For oneOf/anyOf: the most relevant alternative's deepest error, and how many
+    alternatives were left out."""
+    from jsonschema.exceptions import best_match, relevance
+
+    others = 0
+    while err.context:
+        # Prefer alternatives whose type matched (they got further into the value).
+        typed = [e for e in err.context if e.validator != "type"] or list(err.context)
+        others += len({tuple(e.schema_path)[:1] for e in err.context}) - 1
+        err = best_match(typed, key=relevance)
+    return err, others
+
+
+def _to_problems(err, marks) -> list[RawProblem]:
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        top = err
+        err, others = _deepest(err)
+        msg = _message(err)
+        if others > 0:
+            msg += f" (or match one of {others} other form{'s' if others > 1 else ''}: " \
+                   f"{_short(top.schema.get('description', ''))})" if top.schema.get(
+                       "description") else f" ({others} other form{'s' if others > 1 else ''} " \
+                                           "also failed)"
+        return [_at(err.absolute_path, msg, marks)]
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = list(err.schema.get("properties", {}))
+        extras = [k for k in err.instance if k not in allowed]
+        probs = []
+        for k in extras:
+            close = difflib.get_close_matches(str(k), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            where = list(err.absolute_path) + [k]
+            probs.append(_at(where, f"unknown key {k!r} (expected one of: "
+                                    f"{', '.join(allowed)}){hint}", marks, key=True))
+        return probs
+    if err.validator == "propertyNames":
+        bad = err.instance
+        return [_at(list(err.absolute_path) + [bad],
+                    f"invalid name {bad!r}: expected letters, digits and _, not starting "
+                    "with a digit", marks, key=True)]
+    return [_at(err.absolute_path, _message(err), marks)]
+
+
+def _short(text: str) -> str:
+    return text.split(". ")[0].rstrip(".")
+
+
+def _at(path, message, marks, key=False) -> RawProblem:
+    ptr = _ptr(path)
+    line, col = nearest_mark(marks, ptr, key=key)
+    return RawProblem(line, col, ptr, message)
+
+
+def _found(v) -> str:
+    t = _JSON_TYPES.get(type(v), type(v).__name__)
+    shown = repr(v) if not isinstance(v, (dict, list)) else ("a mapping" if isinstance(
+        v, dict) else "a list")
+    return f"{t} {shown}" if not isinstance(v, (dict, list)) else shown
+
+
+def _message(err) -> str:
+    v, val, inst = err.validator, err.validator_value, err.instance
+    desc = err.schema.get("description", "") if isinstance(err.schema, dict) else ""
+    if v == "type":
+        want = " or ".join(val) if isinstance(val, list) else val
+        return f"expected {want}, got {_found(inst)}" + (f" ({_short(desc)})" if desc else "")
+    if v == "required":
+        missing = [k for k in val if isinstance(inst, dict) and k not in inst]
+        return f"missing required key {missing[0]!r}" if missing else err.message
+    if v == "const":
+        return f"expected {val!r}, got {_found(inst)}"
+    if v == "enum":
+        close = difflib.get_close_matches(str(inst), [str(x) for x in val], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"expected one of {', '.join(map(str, val))}, got {_found(inst)}{hint}"
+    if v == "pattern":
+        return f"{inst!r} is not valid here" + (f": {_short(desc)}" if desc else
+                                                f" (must match {val})")
+    if v == "minimum":
+        return f"expected a number >= {val}, got {inst!r}"
+    if v in ("minItems", "minProperties", "minLength"):
+        return f"expected at least {val} item{'s' if val != 1 else ''}, got none"
+    return err.message
