@@ -96,10 +96,16 @@ class TensorView:
 
 
 class TensorDict(MutableMapping):
-    """Named tensors (arrays or QuantizedTensors), in insertion order."""
+    """Named tensors (arrays or QuantizedTensors), in insertion order.
 
-    def __init__(self, items=None):
+    ``metadata`` is a plain dict describing where the tensors came from: GGUF
+    key/values (``general.architecture``), a Hugging Face ``config.json``, a
+    llama2.c header; ``metadata["maxdecl.format"]`` names the file format.
+    """
+
+    def __init__(self, items=None, metadata=None):
         self._items: dict[str, object] = {}
+        self.metadata: dict = dict(metadata) if metadata else {}
         if items:
             for k, v in dict(items).items():
                 self[k] = v
@@ -136,7 +142,9 @@ class TensorDict(MutableMapping):
 
     def copy(self) -> "TensorDict":
         """A deep copy: no array is shared with ``self``."""
-        out = TensorDict()
+        import copy
+
+        out = TensorDict(metadata=copy.deepcopy(self.metadata))
         for k, v in self._items.items():
             out._items[k] = v.copy() if isinstance(v, QuantizedTensor) else np.array(v, copy=True)
         return out

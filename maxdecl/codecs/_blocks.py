@@ -38,7 +38,8 @@ def rows_to_blocks(enc, x) -> tuple[np.ndarray, tuple[int, ...]]:
     if k % enc.block_elements:
         raise QuantizationError(
             f"{name}: K = {k} (input {list(x.shape)}) is not a multiple of the block size "
-            f"{enc.block_elements}; pad the last axis to {-(-k // enc.block_elements) * enc.block_elements}")
+            f"{enc.block_elements}; pad the last axis to "
+            f"{-(-k // enc.block_elements) * enc.block_elements}")
     out_shape = (*x.shape[:-1], row_bytes(enc, k))
     blocks = np.ascontiguousarray(x).reshape(-1, enc.block_elements)
     return blocks, out_shape
@@ -72,13 +73,16 @@ def bytes_to_blocks(enc, data, shape) -> tuple[np.ndarray, tuple[int, ...]]:
     try:
         shape = tuple(int(d) for d in (shape if np.iterable(shape) else (shape,)))
     except (TypeError, ValueError):
-        raise QuantizationError(f"{name}: logical shape must be a tuple of ints, got {shape!r}") from None
+        raise QuantizationError(
+            f"{name}: logical shape must be a tuple of ints, got {shape!r}") from None
     if not shape or any(d < 0 for d in shape):
-        raise QuantizationError(f"{name}: logical shape {list(shape)} must be non-empty and non-negative")
+        raise QuantizationError(
+            f"{name}: logical shape {list(shape)} must be non-empty and non-negative")
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = np.frombuffer(data, dtype=np.uint8)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
-        got = f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
+        got = (f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray)
+               else type(data).__name__)
         raise QuantizationError(f"{name}: packed data must be uint8 bytes, got {got}")
     k = shape[-1]
     if k % enc.block_elements:

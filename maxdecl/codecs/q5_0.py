@@ -1,1 +1,135 @@
-"""q5_0 encoding (being written)."""
+"""Q5_0: blocks of 32 floats as one fp16 scale and 32 signed 5-bit quants (GGML ``block_q5_0``).
+
+Written against the public protocol only, exactly as a user's plugin encoding
+would be: it imports nothing private from maxdecl, builds its own numba kernels
+on first use, and registers itself with ``maxdecl.codecs.register``.
+``x[j] = d * (q[j] - 16)`` with ``d = max / -16`` (``max``: the element of largest
+magnitude, sign kept).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maxdecl.codecs import register
+from maxdecl.errors import QuantizationError
+
+QK5_0 = 32  # floats per block
+_KERNELS: dict = {}
+
+
+def _kernels():
+    """(quantize, dequantize) numba kernels, compiled (or loaded from cache) on first use."""
+    if _KERNELS:
+        return _KERNELS["q"], _KERNELS["dq"]
+    import numba
+
+    @numba.njit(cache=True, parallel=True)
+    def quantize(x, d, out, bad):
+        # x: (nb, 32) f32 -> d: (nb,) f32 (rounded to fp16 by the caller), out: (nb, 22) u8
+        for i in numba.prange(x.shape[0]):
+            vmax = x[i, 0]                     # gguf-py: x[argmax |x|] (C starts at +0.0,
+            amax = abs(vmax)                   # which flips the sign of d = 0 in zero blocks)
+            for j in range(QK5_0):
+                v = x[i, j]
+                if not (abs(v) < np.float32(np.inf)):
+                    bad[i] = 1
+                if amax < abs(v):              # strict: the first element of largest |x| wins
+                    amax = abs(v)
+                    vmax = v
+            di = vmax / np.float32(-16.0)
+            idv = np.float32(1.0) / di if di != np.float32(0.0) else np.float32(0.0)
+            d[i] = di
+            qh = 0
+            for j in range(QK5_0):
+                # gguf-py: trunc(x * id + 16.5).astype(uint8).clip(0, 31); the uint8 cast is
+                # x86's: int32 truncation keeping the low byte (NaN, Inf, |t| >= 2**31 give 0)
+                t = x[i, j] * idv + np.float32(16.5)
+                q = min((np.int64(t) & 0xFF) if abs(t) < np.float32(2147483648.0) else 0, 31)
+                qh |= (q >> 4) << j
+                if j < 16:
+                    out[i, 6 + j] = q & 0x0F                   # q[j]: low nibble
+                else:
+                    out[i, 6 + j - 16] |= (q & 0x0F) << 4      # q[j + 16]: high nibble
+            for k in range(4):
+                out[i, 2 + k] = (qh >> (8 * k)) & 0xFF
+
+    @numba.njit(cache=True, parallel=True)
+    def dequantize(b, d, out):
+        # b: (nb, 22) u8, d: (nb,) f32 -> out: (nb, 32) f32
+        for i in numba.prange(b.shape[0]):
+            qh = (np.int64(b[i, 2]) | (np.int64(b[i, 3]) << 8)
+                  | (np.int64(b[i, 4]) << 16) | (np.int64(b[i, 5]) << 24))
+            for j in range(16):
+                q = np.int64(b[i, 6 + j])
+                q0 = (q & 0x0F) | (((qh >> j) & 1) << 4)
+                q1 = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+                out[i, j] = d[i] * np.float32(q0 - 16)
+                out[i, j + 16] = d[i] * np.float32(q1 - 16)
+
+    _KERNELS.update(q=quantize, dq=dequantize)
+    return quantize, dequantize
+
+
+class Q5_0Encoding:
+    """GGML Q5_0 (``quantize_row_q5_0_ref`` / ``dequantize_row_q5_0``)."""
+
+    name = "q5_0"
+    block_elements = QK5_0
+    block_bytes = (
+        2             # d: fp16 block scale
+        + 4           # qh: bit j of this little-endian uint32 is bit 4 of q[j]
+        + QK5_0 // 2  # qs: byte j = q[j] bits 3-0 (low nibble) | q[j + 16] bits 3-0 << 4
+    )
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """float32 ``[..., K]`` (K % 32 == 0) -> uint8 ``[..., K // 32 * 22]``.
+
+        Bit-identical to ``gguf.quants.quantize(x, GGMLQuantizationType.Q5_0)``.
+        """
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim == 0:
+            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise QuantizationError(f"q5_0: quantize expects float32 [..., K], got {got}")
+        if x.shape[-1] % QK5_0:
+            raise QuantizationError(
+                f"q5_0: K = {x.shape[-1]} (input {list(x.shape)}) is not a multiple of {QK5_0}")
+        blocks = np.ascontiguousarray(x).reshape(-1, QK5_0)
+        nb = blocks.shape[0]
+        d = np.empty(nb, dtype=np.float32)
+        out = np.empty((nb, self.block_bytes), dtype=np.uint8)
+        bad = np.zeros(nb, dtype=np.uint8)
+        quantize, _ = _kernels()
+        quantize(blocks, d, out, bad)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise QuantizationError(
+                f"q5_0: input {list(x.shape)} float32 holds NaN or Inf in block {b} (flat "
+                f"elements {b * QK5_0}..{b * QK5_0 + QK5_0 - 1}); "
+                "a block encoding needs finite values")
+        with np.errstate(over="ignore"):   # NumPy's fp16 rounds to nearest even; > 65504 is inf
+            out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+        return out.reshape(*x.shape[:-1], x.shape[-1] // QK5_0 * self.block_bytes)
+
+    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+        """uint8 Q5_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+            got = data.dtype if isinstance(data, np.ndarray) else type(data).__name__
+            raise QuantizationError(f"q5_0: packed data must be a uint8 array, got {got}")
+        if not shape or shape[-1] % QK5_0:
+            raise QuantizationError(
+                f"q5_0: logical shape {list(shape)} must end in a multiple of {QK5_0}")
+        nb = int(np.prod(shape, dtype=np.int64)) // QK5_0
+        if data.size != nb * self.block_bytes:
+            raise QuantizationError(
+                f"q5_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
+                f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
+        blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(nb)
+        out = np.empty((nb, QK5_0), dtype=np.float32)
+        _, dequantize = _kernels()
+        dequantize(blocks, d, out)
+        return out.reshape(shape)
+
+
+Q5_0 = register(Q5_0Encoding())

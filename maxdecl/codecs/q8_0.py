@@ -1,1 +1,120 @@
-"""q8_0 encoding (being written)."""
+"""Q8_0: blocks of 32 floats as one fp16 scale and 32 int8 quants (GGML ``block_q8_0``).
+
+Written against the public protocol only, exactly as a user's plugin encoding
+would be: it imports nothing private from maxdecl, builds its own numba kernels
+on first use, and registers itself with ``maxdecl.codecs.register``.
+``x[j] = d * q[j]`` with ``d = max|x| / 127`` and ``q = roundf(x / d)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maxdecl.codecs import register
+from maxdecl.errors import QuantizationError
+
+QK8_0 = 32  # floats per block
+_KERNELS: dict = {}
+
+
+def _kernels():
+    """(quantize, dequantize) numba kernels, compiled (or loaded from cache) on first use."""
+    if _KERNELS:
+        return _KERNELS["q"], _KERNELS["dq"]
+    import numba
+
+    @numba.njit(cache=True, parallel=True)
+    def quantize(x, d, qs, bad):
+        # x: (nb, 32) f32 -> d: (nb,) f32 (rounded to fp16 by the caller), qs: (nb, 32) i8
+        for i in numba.prange(x.shape[0]):
+            amax = np.float32(0.0)
+            for j in range(QK8_0):
+                a = abs(x[i, j])
+                if not (a < np.float32(np.inf)):
+                    bad[i] = 1
+                amax = max(amax, a)
+            di = amax / np.float32(127.0)
+            idv = np.float32(1.0) / di if di != np.float32(0.0) else np.float32(0.0)
+            d[i] = di
+            for j in range(QK8_0):
+                v = x[i, j] * idv
+                # gguf-py's np_roundf (half away from zero): floor(a) + floor(2 (a - floor(a)))
+                a = abs(v)
+                f = np.floor(a)
+                r = f + np.floor(np.float32(2.0) * (a - f))
+                r = -r if v < np.float32(0.0) else r
+                # (int8) cast as NumPy does it on x86: int32 truncation, low byte kept
+                qs[i, j] = np.int64(r) if abs(r) < np.float32(2147483648.0) else 0
+
+    @numba.njit(cache=True, parallel=True)
+    def dequantize(qs, d, out):
+        # qs: (nb, 32) i8, d: (nb,) f32 -> out: (nb, 32) f32
+        for i in numba.prange(qs.shape[0]):
+            for j in range(QK8_0):
+                out[i, j] = np.float32(qs[i, j]) * d[i]
+
+    _KERNELS.update(q=quantize, dq=dequantize)
+    return quantize, dequantize
+
+
+class Q8_0Encoding:
+    """GGML Q8_0 (``quantize_row_q8_0_ref`` / ``dequantize_row_q8_0``)."""
+
+    name = "q8_0"
+    block_elements = QK8_0
+    block_bytes = (
+        2        # d: fp16 block scale
+        + QK8_0  # qs: 32 int8 quants, in element order
+    )
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """float32 ``[..., K]`` (K % 32 == 0) -> uint8 ``[..., K // 32 * 34]``.
+
+        Bit-identical to ``gguf.quants.quantize(x, GGMLQuantizationType.Q8_0)``.
+        """
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim == 0:
+            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise QuantizationError(f"q8_0: quantize expects float32 [..., K], got {got}")
+        if x.shape[-1] % QK8_0:
+            raise QuantizationError(
+                f"q8_0: K = {x.shape[-1]} (input {list(x.shape)}) is not a multiple of {QK8_0}")
+        blocks = np.ascontiguousarray(x).reshape(-1, QK8_0)
+        nb = blocks.shape[0]
+        d = np.empty(nb, dtype=np.float32)
+        out = np.empty((nb, self.block_bytes), dtype=np.uint8)
+        bad = np.zeros(nb, dtype=np.uint8)
+        quantize, _ = _kernels()
+        quantize(blocks, d, out[:, 2:].view(np.int8), bad)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise QuantizationError(
+                f"q8_0: input {list(x.shape)} float32 holds NaN or Inf in block {b} (flat "
+                f"elements {b * QK8_0}..{b * QK8_0 + QK8_0 - 1}); "
+                "a block encoding needs finite values")
+        with np.errstate(over="ignore"):   # NumPy's fp16 rounds to nearest even; > 65504 is inf
+            out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+        return out.reshape(*x.shape[:-1], x.shape[-1] // QK8_0 * self.block_bytes)
+
+    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+        """uint8 Q8_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+            got = data.dtype if isinstance(data, np.ndarray) else type(data).__name__
+            raise QuantizationError(f"q8_0: packed data must be a uint8 array, got {got}")
+        if not shape or shape[-1] % QK8_0:
+            raise QuantizationError(
+                f"q8_0: logical shape {list(shape)} must end in a multiple of {QK8_0}")
+        nb = int(np.prod(shape, dtype=np.int64)) // QK8_0
+        if data.size != nb * self.block_bytes:
+            raise QuantizationError(
+                f"q8_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
+                f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
+        blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(nb)
+        out = np.empty((nb, QK8_0), dtype=np.float32)
+        _, dequantize = _kernels()
+        dequantize(blocks[:, 2:].view(np.int8), d, out)
+        return out.reshape(shape)
+
+
+Q8_0 = register(Q8_0Encoding())

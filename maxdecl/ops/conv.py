@@ -1,3 +1,217 @@
-"""(being written) ops of the conv family."""
+"""Convolutions with MAX (v24.4) layouts: ``conv2d`` and ``conv3d``.
 
-__all__: list[str] = []
+Layouts: input ``NHWC`` (default) or ``NCHW``; filter ``RSCF`` = [R, S, C/groups, F]
+(default) or ``FCRS`` = [F, C/groups, R, S] (torch's weight layout). 3-D: ``NDHWC`` /
+``NCDHW`` and ``QRSCF`` / ``FCQRS``. The output uses the input's layout.
+
+Attribute forms (canonicalised when the node is made, so YAML and Python agree):
+
+* ``stride``, ``dilation``: an int (every spatial dim) or one int per spatial dim.
+* ``padding``: an int (everywhere), one int per spatial dim (same before and after),
+  or explicit ``(h_before, h_after, w_before, w_after)`` (3-D: 6 values, d first).
+* ``groups``: C and F must both divide by it; ``groups == C`` is depthwise.
+
+Output size per spatial dim: ``(in + before + after - dilation*(k-1) - 1) // stride + 1``;
+it must be at least 1.
+"""
+
+from __future__ import annotations
+
+from ..dtypes import TensorType, format_shape
+from . import _checks
+from ._registry import apply, register
+
+__all__ = ["conv2d", "conv3d"]
+
+_LAYOUTS = {2: (("NHWC", "NCHW"), ("RSCF", "FCRS")), 3: (("NDHWC", "NCDHW"), ("QRSCF", "FCQRS"))}
+
+
+def expand(value, nd: int, what: str) -> tuple:
+    """An int or an ``nd``-sequence -> a tuple of ``nd`` positive ints."""
+    vals = (value,) * nd if isinstance(value, int) else tuple(value)
+    if len(vals) != nd or any(not isinstance(v, int) or isinstance(v, bool) or v < 1
+                              for v in vals):
+        raise ValueError(f"{what} must be a positive int or {nd} of them, got {value!r}")
+    return vals
+
+
+def expand_padding(value, nd: int) -> tuple:
+    """int -> all sides; nd ints -> symmetric per dim; 2*nd ints -> (before, after) per dim."""
+    vals = (value,) * (2 * nd) if isinstance(value, int) else tuple(value)
+    if len(vals) == nd:
+        vals = tuple(v for p in vals for v in (p, p))
+    if len(vals) != 2 * nd or any(not isinstance(v, int) or isinstance(v, bool) or v < 0
+                                  for v in vals):
+        raise ValueError(f"padding must be a non-negative int, {nd} ints or {2 * nd} ints "
+                         f"(before, after per dim), got {value!r}")
+    return vals
+
+
+def window_out_size(size, k, stride, dilation, before, after, ceil_mode=False) -> int:
+    """Output length of a window sweep over one int dim, torch's formula.
+
+    ``ceil_mode`` rounds up but drops a last window that would start inside the
+    trailing padding (as torch does); the result may be <= 0 when nothing fits.
+    """
+    span = size + before + after - dilation * (k - 1) - 1
+    if span < 0:
+        return 0
+    n = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (n - 1) * stride >= size + before:
+        n -= 1
+    return n
+
+
+def window_out(size, k, stride, dilation, before, after, ceil_mode=False, what="kernel"):
+    """Output length of a window sweep over one dim (symbolic sizes give a symbol)."""
+    eff = dilation * (k - 1) + 1
+    if not isinstance(size, int):
+        if stride == 1 and before + after == eff - 1:
+            return size
+        return f"win({size},{k},{stride},{dilation},{before},{after})"
+    n = window_out_size(size, k, stride, dilation, before, after, ceil_mode)
+    if n < 1:
+        raise ValueError(f"{what} of extent {eff} (size {k}, dilation {dilation}) does not fit "
+                         f"input size {size} with padding ({before}, {after})")
+    return n
+
+
+def _normalize(nd):
+    def normalize(attrs):
+        ins, fils = _LAYOUTS[nd]
+        il = str(attrs["input_layout"]).upper()
+        fl = str(attrs["filter_layout"]).upper()
+        if il not in ins:
+            raise ValueError(f"input_layout must be one of {', '.join(ins)}, got {il!r}")
+        if fl not in fils:
+            raise ValueError(f"filter_layout must be one of {', '.join(fils)}, got {fl!r}")
+        groups = attrs["groups"]
+        if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+            raise ValueError(f"groups must be a positive int, got {groups!r}")
+        return {**attrs, "stride": expand(attrs["stride"], nd, "stride"),
+                "dilation": expand(attrs["dilation"], nd, "dilation"),
+                "padding": expand_padding(attrs["padding"], nd),
+                "input_layout": il, "filter_layout": fl}
+    return normalize
+
+
+def _split_x(shape, layout):
+    """(N, spatial..., C) from a shape in ``layout``."""
+    if layout[1] == "C":
+        return shape[0], tuple(shape[2:]), shape[1]
+    return shape[0], tuple(shape[1:-1]), shape[-1]
+
+
+def _split_w(shape, layout):
+    """(spatial..., C/groups, F) from a filter shape in ``layout``."""
+    if layout[0] == "F":
+        return tuple(shape[2:]), shape[1], shape[0]
+    return tuple(shape[:-2]), shape[-2], shape[-1]
+
+
+def _infer(nd):
+    def infer(inputs, attrs):
+        x, w, *rest = inputs
+        bias = rest[0] if rest else None
+        for v, what in ((x, "x"), (w, "filter")) + (((bias, "bias"),) if bias else ()):
+            _checks.float_input(v, what)
+        _checks.no_bfloat16(x)
+        _checks.same_dtype(x, w, *rest)
+        il, fl = attrs["input_layout"], attrs["filter_layout"]
+        if x.rank != nd + 2:
+            raise ValueError(f"x must be rank {nd + 2} ({il}), got {format_shape(x.shape)}")
+        if w.rank != nd + 2:
+            raise ValueError(f"filter must be rank {nd + 2} ({fl}), got {format_shape(w.shape)}")
+        n, spatial, c = _split_x(x.shape, il)
+        ks, cg, f = _split_w(w.shape, fl)
+        groups = attrs["groups"]
+        if any(not isinstance(k, int) for k in (*ks, cg, f)):
+            raise ValueError(f"filter {format_shape(w.shape)} needs static dims")
+        if f % groups:
+            raise ValueError(f"filter {fl}{format_shape(w.shape)}: F={f} is not divisible by "
+                             f"groups={groups}")
+        if not _checks.dims_equal(c, cg * groups):
+            raise ValueError(f"x {il}{format_shape(x.shape)} has C={c} channels but filter "
+                             f"{fl}{format_shape(w.shape)} expects C/groups={cg} x groups="
+                             f"{groups} = {cg * groups}")
+        if bias is not None and (bias.rank != 1 or not _checks.dims_equal(bias.shape[0], f)):
+            raise ValueError(f"bias{format_shape(bias.shape)} must be [{f}] (F)")
+        p = attrs["padding"]
+        outs = tuple(window_out(size, k, s, d, p[2 * i], p[2 * i + 1])
+                     for i, (size, k, s, d) in enumerate(
+                         zip(spatial, ks, attrs["stride"], attrs["dilation"])))
+        shape = (n, f, *outs) if il[1] == "C" else (n, *outs, f)
+        return [TensorType(x.dtype, shape)]
+    return infer
+
+
+def _to_cl3(x, w, attrs, nd):
+    """Input and filter as channels-last 3-D arrays (N, D, H, W, C) and (Q, R, S, Cg, F)."""
+    import numpy as np
+
+    if attrs["input_layout"][1] == "C":
+        x = np.moveaxis(x, 1, -1)
+    if attrs["filter_layout"][0] == "F":
+        w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)   # F C k... -> k... C F
+    if nd == 2:
+        x, w = x[:, None], w[None]
+    return x, w
+
+
+def _run(nd):
+    def run(args, attrs):
+        import numpy as np
+
+        from ..kernels import conv
+
+        x, w, *rest = args
+        x3, w3 = _to_cl3(x, w, attrs, nd)
+        lead = (1,) * (3 - nd)
+        stride, dil = lead + attrs["stride"], lead + attrs["dilation"]
+        pad = (0, 0) * (3 - nd) + attrs["padding"]
+        ks = w3.shape[:3]
+        outs = tuple(window_out_size(x3.shape[1 + i], ks[i], stride[i], dil[i], pad[2 * i],
+                                     pad[2 * i + 1]) for i in range(3))
+        out = conv.conv3d_ndhwc(x3, w3, stride, dil, pad, attrs["groups"], outs,
+                                rest[0] if rest else None)
+        if nd == 2:
+            out = out[:, 0]
+        if attrs["input_layout"][1] == "C":
+            out = np.ascontiguousarray(np.moveaxis(out, -1, 1))
+        return [out.astype(x.dtype, copy=False)]
+    return run
+
+
+register("conv2d", infer=_infer(2), run=_run(2), normalize=_normalize(2), kind="conv")
+register("conv3d", infer=_infer(3), run=_run(3), normalize=_normalize(3), kind="conv")
+
+
+def conv2d(x, filter, stride=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), groups=1,  # noqa: A002
+           bias=None, input_layout="NHWC", filter_layout="RSCF"):
+    """2-D convolution (cross-correlation, as torch and MAX).
+
+    ``out[n, oh, ow, f] = bias[f] + sum_{r, s, c} x[n, oh*sh - ph + r*dh, ow*sw - pw + s*dw,
+    g*C/groups + c] * filter[r, s, c, f]`` with ``g = f // (F/groups)``; zero padding.
+
+    Args: x ``[N, H, W, C]`` (or NCHW), filter ``[R, S, C/groups, F]`` (or FCRS), bias
+    ``[F]``; padding ``(h_before, h_after, w_before, w_after)`` (see module doc for short
+    forms). Returns ``[N, OH, OW, F]`` in the input's layout.
+
+    Example::
+
+        y = md.ops.conv2d(x, w, stride=2, padding=1)           # NHWC / RSCF
+        y = md.ops.conv2d(x, w, padding=1, input_layout="NCHW", filter_layout="FCRS")
+    """
+    inputs = [x, filter] if bias is None else [x, filter, bias]
+    return apply("conv2d", inputs, stride=stride, dilation=dilation, padding=padding,
+                 groups=groups, input_layout=input_layout, filter_layout=filter_layout)[0]
+
+
+def conv3d(x, filter, stride=(1, 1, 1), dilation=(1, 1, 1),  # noqa: A002
+           padding=(0, 0, 0, 0, 0, 0), groups=1, bias=None, input_layout="NDHWC",
+           filter_layout="QRSCF"):
+    """3-D convolution: as ``conv2d`` with depth; x ``[N, D, H, W, C]`` (or NCDHW), filter
+    ``[Q, R, S, C/groups, F]`` (or FCQRS), padding of 6 (d, h, w; before and after each)."""
+    inputs = [x, filter] if bias is None else [x, filter, bias]
+    return apply("conv3d", inputs, stride=stride, dilation=dilation, padding=padding,
+                 groups=groups, input_layout=input_layout, filter_layout=filter_layout)[0]

@@ -1,3 +1,91 @@
-"""(being written) ops of the norm family."""
+"""Normalisation over the last axis: ``layer_norm`` and ``rms_norm`` (float32 math).
 
-__all__: list[str] = []
+Both compute in float32 whatever the float input dtype and return the input dtype.
+Weights are 1-D of the last dim's size. Gemma-style checkpoints whose norm weight
+is stored as ``w`` but applied as ``1 + w`` are the loader's business: GGUF files
+already hold ``1 + w``.
+"""
+
+from __future__ import annotations
+
+from ..dtypes import format_shape
+from . import _checks
+from ._registry import apply, register
+
+__all__ = ["layer_norm", "rms_norm"]
+
+
+def _check_weight(x, w, what):
+    _checks.float_input(w, what)
+    if w.rank != 1 or not _checks.dims_equal(w.shape[0], x.shape[-1]):
+        raise ValueError(f"{what}{format_shape(w.shape)} must be 1-D of size "
+                         f"{x.shape[-1]} (the last dim of x{format_shape(x.shape)})")
+
+
+def _norm_infer(inputs, attrs):
+    x, *weights = inputs
+    _checks.float_input(x)
+    _checks.no_bfloat16(x, *weights)
+    if x.rank == 0:
+        raise ValueError("normalisation needs x of rank >= 1")
+    for w, what in zip(weights, ("gamma", "beta")):
+        _check_weight(x, w, what)
+    if float(attrs["epsilon"]) < 0:
+        raise ValueError(f"epsilon must be >= 0, got {attrs['epsilon']}")
+    return [x.type]
+
+
+def _rms_infer(inputs, attrs):
+    x, w = inputs
+    _checks.float_input(x)
+    _checks.no_bfloat16(x, w)
+    if x.rank == 0:
+        raise ValueError("rms_norm needs x of rank >= 1")
+    _check_weight(x, w, "weight")
+    return [x.type]
+
+
+def _layer_norm_run(args, attrs):
+    from ..kernels import norm
+
+    x = args[0]
+    beta = args[2] if len(args) > 2 else None
+    return [norm.layer_norm(x, args[1], beta, attrs["epsilon"]).astype(x.dtype, copy=False)]
+
+
+def _rms_norm_run(args, attrs):
+    from ..kernels import norm
+
+    x = args[0]
+    return [norm.rms_norm(x, args[1], attrs["epsilon"]).astype(x.dtype, copy=False)]
+
+
+def _eps(a):
+    return {**a, "epsilon": float(a["epsilon"])}
+
+
+register("layer_norm", infer=_norm_infer, run=_layer_norm_run, normalize=_eps, kind="norm")
+register("rms_norm", infer=_rms_infer, run=_rms_norm_run, normalize=_eps, kind="norm")
+
+
+def layer_norm(x, gamma, beta=None, epsilon: float = 1e-5):
+    """Layer norm over the last axis.
+
+    ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta`` (biased variance,
+    float32 math), as ``torch.nn.functional.layer_norm(x, x.shape[-1:], ...)``.
+
+    Example::
+
+        y = md.ops.layer_norm(x, g.weight("ln.weight", (md.DType.float32, (512,))))
+    """
+    inputs = [x, gamma] if beta is None else [x, gamma, beta]
+    return apply("layer_norm", inputs, epsilon=epsilon)[0]
+
+
+def rms_norm(x, weight, epsilon: float = 1e-6):
+    """RMS norm over the last axis: ``y = x * rsqrt(mean(x**2) + epsilon) * weight``.
+
+    Computed in float32 (as llama.cpp and HF Llama). Gemma GGUF weights already
+    hold ``1 + w``.
+    """
+    return apply("rms_norm", [x, weight], epsilon=epsilon)[0]

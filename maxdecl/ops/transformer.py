@@ -1,3 +1,232 @@
-"""(being written) ops of the transformer family."""
+"""Transformer ops: ``embedding``, ``rope`` and ``attention`` (numba kernels).
 
-__all__: list[str] = []
+Layouts follow Hugging Face / llama.cpp activations: ``[..., seq, heads, head_dim]``.
+Float math is float32; outputs take the dtype of the float input (``x`` / ``q``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..dtypes import DType, TensorType, format_shape
+from . import _checks
+from ._registry import apply, register
+
+__all__ = ["embedding", "rope", "attention"]
+
+
+# -- embedding --------------------------------------------------------------------------
+def _embedding_infer(inputs, attrs):
+    table, ids = inputs
+    _checks.int_input(ids, "ids")
+    if table.rank != 2:
+        raise ValueError(f"table must be [vocab, dim], got {table.type}")
+    if table.is_quantized:
+        return [TensorType(DType.float32, ids.shape + (table.logical_shape[1],))]
+    return [TensorType(table.dtype, ids.shape + (table.shape[1],))]
+
+
+def _embedding_run(args, attrs):
+    from .. import codecs
+    from ..tensors import QuantizedTensor
+
+    table, ids = args
+    flat = np.asarray(ids).reshape(-1).astype(np.int64, copy=False)
+    vocab = table.shape[0]
+    if flat.size and (flat.min() < 0 or flat.max() >= vocab):
+        bad = flat.min() if flat.min() < 0 else flat.max()
+        raise IndexError(f"id {bad} is out of range for a table of {vocab} rows")
+    if isinstance(table, QuantizedTensor):
+        k = table.shape[1]
+        rows = codecs.get(table.encoding).dequantize(table.data[flat], (flat.size, k))
+        return [np.asarray(rows, np.float32).reshape(ids.shape + (k,))]
+    return [np.take(table, flat, axis=0).reshape(ids.shape + (table.shape[1],))]
+
+
+register("embedding", infer=_embedding_infer, run=_embedding_run, kind="transformer")
+
+
+def embedding(table, ids):
+    """Rows of ``table`` ``[vocab, dim]`` picked by integer ``ids``: ``[*ids.shape, dim]``.
+
+    A quantized table (``g.quantize`` / a quantized weight) dequantizes only the rows
+    it gathers and gives float32.
+    """
+    return apply("embedding", [table, ids])[0]
+
+
+# -- rope -------------------------------------------------------------------------------
+def _normalize_rope(attrs):
+    style = str(attrs["style"]).lower()
+    if style not in ("normal", "neox"):
+        raise ValueError(f"style must be 'normal' (GGML adjacent pairs) or 'neox' (halves), "
+                         f"got {attrs['style']!r}")
+    dim = attrs["dim"]
+    return {**attrs, "theta": float(attrs["theta"]), "scale": float(attrs["scale"]),
+            "style": style, "dim": None if dim is None else int(dim)}
+
+
+def _rope_infer(inputs, attrs):
+    x, pos = inputs
+    _checks.float_input(x)
+    _checks.no_bfloat16(x)
+    _checks.int_input(pos, "positions")
+    if x.rank < 3:
+        raise ValueError(f"x must be [..., seq, heads, head_dim], got {format_shape(x.shape)}")
+    if pos.rank != 1 or not _checks.dims_equal(pos.shape[0], x.shape[-3]):
+        raise ValueError(f"positions{format_shape(pos.shape)} must be [seq] with seq = "
+                         f"{x.shape[-3]} (x{format_shape(x.shape)})")
+    hd = x.shape[-1]
+    dim = attrs["dim"]
+    if not isinstance(hd, int):
+        raise ValueError(f"head_dim of x{format_shape(x.shape)} must be static")
+    rot = hd if dim is None else dim
+    if rot <= 0 or rot % 2 or rot > hd:
+        raise ValueError(f"rotated dim {rot} must be even and in 2..{hd} (head_dim)")
+    if attrs["theta"] <= 0 or attrs["scale"] <= 0:
+        raise ValueError(f"theta ({attrs['theta']}) and scale ({attrs['scale']}) must be > 0")
+    return [x.type]
+
+
+def _rope_run(args, attrs):
+    from ..kernels import rope as k
+
+    x, pos = args
+    dim = attrs["dim"] or x.shape[-1]
+    out = k.rope(x, pos, attrs["theta"], attrs["style"] == "neox", attrs["scale"], dim)
+    return [out.astype(x.dtype, copy=False)]
+
+
+register("rope", infer=_rope_infer, run=_rope_run, normalize=_normalize_rope, kind="transformer")
+
+
+def rope(x, positions, theta=10000.0, style="normal", scale=1.0, dim=None):
+    """Rotary position embedding on ``x`` ``[..., seq, heads, head_dim]``.
+
+    Pair ``i`` (of ``dim // 2``, default ``head_dim // 2``) at position ``p`` rotates by
+    ``(p / scale) * theta ** (-2i / dim)``. ``style="normal"``: pairs ``(x[2i], x[2i+1])``
+    (GGML's default rope); ``"neox"``: pairs ``(x[i], x[i + dim/2])`` (HF Llama/Gemma).
+    Features past ``dim`` pass through unchanged.
+
+    Example::
+
+        q = md.ops.rope(q, positions, theta=500000.0, style="neox")
+    """
+    return apply("rope", [x, positions], theta=theta, style=style, scale=scale, dim=dim)[0]
+
+
+# -- attention --------------------------------------------------------------------------
+def _normalize_attention(attrs):
+    out = dict(attrs)
+    out["causal"] = bool(attrs["causal"])
+    out["scale"] = None if attrs["scale"] is None else float(attrs["scale"])
+    w = attrs["sliding_window"]
+    if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+        raise ValueError(f"sliding_window must be a positive int or None, got {w!r}")
+    out["alibi_slopes"] = (None if attrs["alibi_slopes"] is None
+                           else tuple(float(s) for s in attrs["alibi_slopes"]))
+    cap = attrs["softcap"]
+    if cap is not None and float(cap) <= 0:
+        raise ValueError(f"softcap must be > 0 or None, got {cap!r}")
+    out["softcap"] = None if cap is None else float(cap)
+    return out
+
+
+def _attention_infer(inputs, attrs):
+    q, k, v, *rest = inputs
+    cache = rest[0] if rest else None
+    for val, what in ((q, "q"), (k, "k"), (v, "v")) + (((cache, "kv_cache"),) if rest else ()):
+        _checks.float_input(val, what)
+    _checks.no_bfloat16(q)
+    _checks.same_dtype(q, k, v, *rest)
+    if q.rank < 3 or k.rank != q.rank or v.rank != q.rank:
+        raise ValueError(f"q, k, v must share a rank >= 3 ([..., seq, heads, head_dim]); got "
+                         f"q{format_shape(q.shape)}, k{format_shape(k.shape)}, "
+                         f"v{format_shape(v.shape)}")
+    *qb, s, hq, d = q.shape
+    *kb, t, hkv, dk = k.shape
+    *vb, tv, hv, dv = v.shape
+    batch = _checks.broadcast_shapes(tuple(qb), tuple(kb), tuple(vb))
+    if tuple(batch) != tuple(qb):
+        raise ValueError(f"k/v batch dims {format_shape(kb)} must broadcast to q's "
+                         f"{format_shape(qb)}")
+    if not _checks.dims_equal(d, dk):
+        raise ValueError(f"q head_dim {d} != k head_dim {dk} (q{format_shape(q.shape)}, "
+                         f"k{format_shape(k.shape)})")
+    if not (_checks.dims_equal(t, tv) and _checks.dims_equal(hkv, hv)):
+        raise ValueError(f"k{format_shape(k.shape)} and v{format_shape(v.shape)} must share "
+                         "seq and heads")
+    if not (isinstance(hq, int) and isinstance(hkv, int)) or hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads {hq} must be a multiple of kv heads {hkv}")
+    slopes = attrs["alibi_slopes"]
+    if slopes is not None and len(slopes) != hq:
+        raise ValueError(f"alibi_slopes has {len(slopes)} values, expected one per query "
+                         f"head ({hq})")
+    out = TensorType(q.dtype, (*qb, s, hq, dv))
+    if cache is None:
+        return [out]
+    two, *cb, tp, ch, cd = cache.shape if cache.rank >= 4 else (None,) * 4
+    want = f"[2, {', '.join(str(x) for x in kb)}{', ' if kb else ''}T_past, {hkv}, {dk}]"
+    if (cache.rank != k.rank + 1 or two != 2 or tuple(cb) != tuple(kb)
+            or not _checks.dims_equal(ch, hkv) or not _checks.dims_equal(cd, dk)):
+        raise ValueError(f"kv_cache{format_shape(cache.shape)} must be {want}")
+    if not _checks.dims_equal(dk, dv):
+        raise ValueError(f"a kv_cache needs k and v of one head_dim, got {dk} and {dv}")
+    new = TensorType(q.dtype, (2, *kb, _checks.add_dims(tp, t), hkv, dk))
+    return [out, new]
+
+
+def _attention_run(args, attrs):
+    from ..kernels import attention as kern
+
+    q, k, v, *rest = args
+    new_cache = None
+    if rest:
+        past = rest[0]
+        new_cache = np.concatenate([past, np.stack([k, v]).astype(past.dtype, copy=False)],
+                                   axis=-3)
+        k, v = new_cache[0], new_cache[1]
+    *qb, s, hq, d = q.shape
+    t = k.shape[-3]
+    batch = tuple(qb)
+    q3 = q.reshape((-1, s, hq, d))
+    k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
+    v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
+    scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    out = kern.attention(q3, k3, v3, scale, attrs["causal"], attrs["sliding_window"],
+                         attrs["alibi_slopes"], attrs["softcap"], t - s)
+    out = out.reshape(batch + (s, hq, v.shape[-1])).astype(q.dtype, copy=False)
+    return [out] if new_cache is None else [out, new_cache]
+
+
+register("attention", infer=_attention_infer, run=_attention_run,
+         normalize=_normalize_attention, kind="transformer")
+
+
+def attention(q, k, v, kv_cache=None, causal=True, scale=None, sliding_window=None,
+              alibi_slopes=None, softcap=None):
+    """Scaled dot-product attention with grouped-query heads.
+
+    q ``[..., S, Hq, D]``, k ``[..., T, Hkv, D]``, v ``[..., T, Hkv, Dv]`` (Hq a multiple
+    of Hkv; query head h reads kv head ``h // (Hq // Hkv)``). Query i sits at absolute
+    position ``T_total - S + i``. Scores: ``s = (q . k) * scale`` (default
+    ``1/sqrt(D)``), then ``softcap * tanh(s / softcap)``, then ``+ slope_h * (j - i)``
+    (ALiBi); a query at i sees key j when ``j <= i`` (causal) and ``i - j < W``
+    (``sliding_window``). A query that sees no key gives zeros.
+
+    With ``kv_cache`` ``[2, ..., T_past, Hkv, D]`` (k and v stacked; T_past may be 0),
+    the keys are the cache followed by this step's k, v, and the op returns
+    ``(out, new_cache)`` with ``new_cache`` ``[2, ..., T_past + T, Hkv, D]``;
+    without it, returns ``out`` ``[..., S, Hq, Dv]``.
+
+    Example::
+
+        out, cache = md.ops.attention(q, k, v, kv_cache=cache)
+    """
+    inputs = [q, k, v] if kv_cache is None else [q, k, v, kv_cache]
+    outs = apply("attention", inputs, causal=causal, scale=scale, sliding_window=sliding_window,
+                 alibi_slopes=None if alibi_slopes is None else tuple(alibi_slopes),
+                 softcap=softcap)
+    return outs[0] if kv_cache is None else (outs[0], outs[1])

@@ -47,7 +47,7 @@ class Session:
     def __init__(self, graph, weights):
         self.graph, self.weights = graph, weights
         names = [v.name for v in graph.inputs]
-        out_names = [v.name for v in graph.outputs]
+        out_names = list(getattr(graph, "output_names", None) or [v.name for v in graph.outputs])
         for need in ("tokens", "positions"):
             if need not in names:
                 raise MaxdeclError(f"{graph.name}: generation needs a graph input named "
@@ -125,7 +125,8 @@ def generate_ids(session: Session, tok, prompt_ids, max_new_tokens, sampler,
     if not prompt_ids:
         raise MaxdeclError("the prompt is empty (no tokens to start from)")
     stops = set(getattr(tok, "eos_ids", ()) or ()) if stop_ids is None else set(stop_ids)
-    stream = tok.stream_decoder() if hasattr(tok, "stream_decoder") else None
+    # The new text continues the prompt: keep a SentencePiece leading space.
+    stream = tok.stream_decoder(continuation=True) if hasattr(tok, "stream_decoder") else None
     out_ids: list[int] = []
     reason = "max_new_tokens"
     t0 = time.perf_counter()
@@ -151,4 +152,12 @@ def generate_ids(session: Session, tok, prompt_ids, max_new_tokens, sampler,
         rest = stream.flush()
         if rest:
             on_text(rest)
-    return GenerateOutput(out_ids, tok.decode(out_ids), list(prompt_ids), t1 - t0, t2 - t1, reason)
+    return GenerateOutput(out_ids, _decode(tok, out_ids), list(prompt_ids), t1 - t0, t2 - t1,
+                          reason)
+
+
+def _decode(tok, ids) -> str:
+    try:
+        return tok.decode(ids, continuation=True)
+    except TypeError:  # tokenizers without SentencePiece prefix rules
+        return tok.decode(ids)

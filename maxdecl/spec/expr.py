@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 
@@ -72,23 +73,52 @@ _MAX_POW = 4096          # keeps "2 ** 10 ** 10" from eating the machine
 _MAX_LEN = 1_000_000     # longest list/str a multiplication may build
 
 
+_ALLOWED = (
+    ast.Constant, ast.Name, ast.Load, ast.List, ast.Tuple, ast.BinOp, ast.UnaryOp,
+    ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript, ast.Call,
+    *(op for op in (*_BINOPS, *_UNARY, *_CMP, ast.And, ast.Or)),
+)
+
+
+@functools.lru_cache(maxsize=4096)
 def parse(text: str) -> ast.AST:
-    """Parse ``text`` as one Python expression; ExprError on syntax errors."""
+    """Parse ``text`` as one expression and check every node against the whitelist
+    (also in branches that are never evaluated); ExprError otherwise."""
+    if len(text) > 2000:
+        raise ExprError(f"expression too long ({len(text)} characters)")
     try:
-        return ast.parse(text.strip(), mode="eval").body
+        tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
         raise ExprError(f"invalid expression {text.strip()!r}: {e.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise ExprError(f"{text.strip()!r}: {type(node).__name__} is not allowed in "
+                            "expressions")
+        if isinstance(node, ast.Call) and (not isinstance(node.func, ast.Name)
+                                           or node.func.id not in FUNCTIONS):
+            fname = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            raise ExprError(f"unknown function {fname!r} in {text.strip()!r} (allowed: "
+                            f"{', '.join(sorted(FUNCTIONS))})")
+    return tree
 
 
-def names(text: str) -> set[str]:
+@functools.lru_cache(maxsize=4096)
+def names(text: str) -> frozenset:
     """Variable names an expression reads (function names excluded)."""
     tree = parse(text)
     funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs}
+    return frozenset(n.id for n in ast.walk(tree)
+                     if isinstance(n, ast.Name) and id(n) not in funcs)
 
 
 def evaluate(text: str, env: dict):
-    """Value of expression ``text`` with the variables in ``env``."""
+    """Value of expression ``text`` with the variables in ``env``.
+
+    Every name must be defined, even in a branch that is not taken.
+    """
+    for name in sorted(names(text)):
+        if name not in env:
+            raise ExprError(f"undefined name {name!r} in {text.strip()!r}" + _hint(name, env))
     return _eval(parse(text), env, text)
 
 

@@ -44,30 +44,27 @@ def _ptr(path) -> str:
 
 
 def _deepest(err):
-    """For oneOf/anyOf: the most relevant alternative's deepest error, and how many
-    alternatives were left out."""
-    from jsonschema.exceptions import best_match, relevance
-
+    """For oneOf/anyOf: the alternative's error that got deepest into the instance
+    (ties: a non-``type`` error, i.e. an alternative whose type matched), and how
+    many other alternatives there were."""
     others = 0
     while err.context:
-        # Prefer alternatives whose type matched (they got further into the value).
-        typed = [e for e in err.context if e.validator != "type"] or list(err.context)
-        others += len({tuple(e.schema_path)[:1] for e in err.context}) - 1
-        err = best_match(typed, key=relevance)
+        n_alts = len({e.relative_schema_path[0] for e in err.context
+                      if e.relative_schema_path})
+        others += max(n_alts - 1, 0)
+        err = max(err.context, key=lambda e: (len(e.absolute_path), e.validator != "type"))
     return err, others
 
 
 def _to_problems(err, marks) -> list[RawProblem]:
     if err.validator in ("oneOf", "anyOf") and err.context:
-        top = err
         err, others = _deepest(err)
-        msg = _message(err)
+        found = _to_problems(err, marks)
         if others > 0:
-            msg += f" (or match one of {others} other form{'s' if others > 1 else ''}: " \
-                   f"{_short(top.schema.get('description', ''))})" if top.schema.get(
-                       "description") else f" ({others} other form{'s' if others > 1 else ''} " \
-                                           "also failed)"
-        return [_at(err.absolute_path, msg, marks)]
+            note = (f" ({others} other accepted form{'s' if others > 1 else ''} did not "
+                    "match either)")
+            found = [RawProblem(p.line, p.col, p.path, p.message + note) for p in found]
+        return found
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = list(err.schema.get("properties", {}))
         extras = [k for k in err.instance if k not in allowed]
@@ -79,7 +76,7 @@ def _to_problems(err, marks) -> list[RawProblem]:
             probs.append(_at(where, f"unknown key {k!r} (expected one of: "
                                     f"{', '.join(allowed)}){hint}", marks, key=True))
         return probs
-    if err.validator == "propertyNames":
+    if "propertyNames" in err.absolute_schema_path and isinstance(err.instance, str):
         bad = err.instance
         return [_at(list(err.absolute_path) + [bad],
                     f"invalid name {bad!r}: expected letters, digits and _, not starting "
@@ -123,7 +120,9 @@ def _message(err) -> str:
         return f"{inst!r} is not valid here" + (f": {_short(desc)}" if desc else
                                                 f" (must match {val})")
     if v == "minimum":
-        return f"expected a number >= {val}, got {inst!r}"
+        kind = "an integer" if isinstance(inst, int) else "a number"
+        return f"expected {kind} >= {val}, got {inst!r}" + (f" ({_short(desc)})"
+                                                               if len(desc) < 60 else "")
     if v in ("minItems", "minProperties", "minLength"):
         return f"expected at least {val} item{'s' if val != 1 else ''}, got none"
     return err.message

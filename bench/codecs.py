@@ -1,0 +1,83 @@
+"""Codec speed against gguf-py's NumPy implementation, measured in the same run.
+
+Run by hand on an idle machine:  python bench/codecs.py [--elements 16777216] [--repeat 5]
+Prints the median time of each side, the ratio gguf-py / ours, and our GB/s
+(packed bytes for dequantize, float32 input bytes for quantize). Both sides are
+checked to produce identical results before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
+
+
+def _median(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), min(times), max(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=int, default=1 << 24)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--ref-repeat", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None, help="encodings to run (default: all)")
+    ap.add_argument("--threads", type=int, default=None, help="numba threads (default: all)")
+    args = ap.parse_args()
+
+    import numba
+
+    if args.threads:
+        numba.set_num_threads(args.threads)
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants as gq
+
+    from maxdecl import codecs
+
+    k = 4096
+    rows = args.elements // k
+    x = np.random.default_rng(0).standard_normal((rows, k)).astype(np.float32)
+    print(f"{rows} x {k} float32 = {x.size / 1e6:.1f}M elements, numba threads "
+          f"{numba.get_num_threads()}; times are medians of {args.repeat} (ours) / "
+          f"{args.ref_repeat} (gguf-py) runs, [min-max]")
+    print(f"{'encoding':8} {'op':10} {'ours ms':>18} {'gguf-py ms':>20} {'ratio':>7} "
+          f"{'ours GB/s':>9}  (GB/s: float32 bytes produced or consumed)")
+
+    def fmt(t):
+        return f"{t[0] * 1e3:8.1f} [{t[1] * 1e3:4.0f}-{t[2] * 1e3:4.0f}]"
+
+    for name in args.only or ["bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q6_k"]:
+        enc = codecs.get(name)
+        qt = getattr(T, name.upper())
+        q = enc.quantize(x)                       # also compiles / loads the kernels
+        ref_dq = gq.dequantize(q, qt).reshape(x.shape)
+        assert np.array_equal(enc.dequantize(q, x.shape).view(np.uint32),
+                              ref_dq.view(np.uint32)), name
+        ours = _median(lambda e=enc, q=q: e.dequantize(q, x.shape), args.repeat)
+        ref = _median(lambda q=q, t=qt: gq.dequantize(q, t), args.ref_repeat)
+        print(f"{name:8} {'dequantize':10} {fmt(ours)} {fmt(ref):>20} {ref[0] / ours[0]:6.1f}x "
+              f"{x.nbytes / ours[0] / 1e9:9.2f}")
+        ours = _median(lambda e=enc: e.quantize(x), args.repeat)
+        try:
+            assert np.array_equal(gq.quantize(x, qt), q), name
+            ref = _median(lambda t=qt: gq.quantize(x, t), args.ref_repeat)
+            ref_s, ratio = fmt(ref), f"{ref[0] / ours[0]:6.1f}x"
+        except NotImplementedError:
+            ref_s, ratio = "(no gguf-py quantizer)", "-"
+        print(f"{name:8} {'quantize':10} {fmt(ours)} {ref_s:>20} {ratio:>7} "
+              f"{x.nbytes / ours[0] / 1e9:9.2f}")
+
+if __name__ == "__main__":
+    main()

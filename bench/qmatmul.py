@@ -1,0 +1,135 @@
+"""qmatmul speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N]``.
+
+For q4_0, q4_k, q6_k, q8_0 at K=4096, N in {4096, 14336}, M in {1, 64}: median
+time of ``qmatmul`` (through the op's run), effective weight bandwidth (packed
+bytes of W / time), and ratios against two baselines measured in the same run:
+(a) gguf-py dequantize + numpy matmul, (b) numpy float32 matmul on weights
+decoded beforehand. The machine's read bandwidth (numba parallel sum over
+512 MiB of float32) is measured in the same run as the yardstick for GEMV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+ENCODINGS = ["q4_0", "q4_k", "q6_k", "q8_0"]
+K = 4096
+
+
+def _timeit(fn, reps):
+    """(median, min, max) seconds of ``reps`` calls after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts)), min(ts), max(ts)
+
+
+def _read_bandwidth(mib=512, reps=7):
+    import numba
+
+    from maxdecl.kernels.config import CACHE, FASTMATH
+
+    @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+    def _psum(a):
+        # a: (n,) f32 -> sum, 256 chunks under prange
+        chunks = 256
+        size = a.shape[0] // chunks
+        parts = np.zeros(chunks, np.float32)
+        for c in numba.prange(chunks):
+            s = np.float32(0)
+            for i in range(c * size, (c + 1) * size):
+                s += a[i]
+            parts[c] = s
+        return parts.sum()
+
+    a = np.ones((mib << 20) // 4, np.float32)
+    med, lo, hi = _timeit(lambda: _psum(a), reps)
+    return a.nbytes / med, a.nbytes / hi, a.nbytes / lo
+
+
+def _packed(enc, n, k, rng):
+    """Random packed blocks with finite, moderate fp16 scales (values do not affect speed)."""
+    from maxdecl import codecs
+
+    e = codecs.get(enc)
+    nb = k // e.block_elements
+    raw = rng.integers(0, 256, (n, nb, e.block_bytes), dtype=np.uint8)
+    fp16 = (rng.random((n, nb, 2)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
+    if enc in ("q4_0", "q8_0", "q5_0"):
+        raw[..., 0:2] = fp16[..., 0:2]
+    elif enc == "q4_k":
+        raw[..., 0:4] = fp16
+    elif enc == "q6_k":
+        raw[..., 208:210] = fp16[..., 0:2]
+    return raw.reshape(n, nb * e.block_bytes)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="N=4096 only, fewer repeats")
+    ap.add_argument("--threads", type=int, default=None, help="numba threads (default: all)")
+    ap.add_argument("--encodings", default=",".join(ENCODINGS))
+    args = ap.parse_args(argv)
+
+    import numba
+    from gguf import GGMLQuantizationType as GT
+    from gguf import quants as gq
+
+    import maxdecl as md
+    from maxdecl.ops import _registry
+
+    if args.threads:
+        numba.set_num_threads(args.threads)
+    run = _registry.get("qmatmul").run
+    rng = np.random.default_rng(0)
+    print(f"threads: {numba.get_num_threads()}  load average: "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    bw, bw_lo, bw_hi = _read_bandwidth()
+    print(f"read bandwidth (numba prange sum, 512 MiB f32): {bw / 1e9:.1f} GB/s "
+          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})\n")
+    head = (f"{'enc':5} {'N':>5} {'M':>3} {'ours ms':>9} {'spread':>13} {'W GB/s':>7} "
+            f"{'%bw':>5} {'(a) ms':>8} {'x(a)':>6} {'(b) ms':>8} {'x(b)':>6}")
+    print(head)
+    print("-" * len(head))
+    ns = [4096] if args.quick else [4096, 14336]
+    results = []
+    for enc in args.encodings.split(","):
+        gt = getattr(GT, enc.upper())
+        for n in ns:
+            data = _packed(enc, n, K, rng)
+            qt = md.QuantizedTensor(data, (n, K), enc)
+            w_f32 = gq.dequantize(data, gt)               # baseline (b) operand
+            base_reps = 1 if n > 4096 or args.quick else 3
+            for m in (1, 64):
+                x = rng.standard_normal((m, K)).astype(np.float32)
+                reps = (15 if m == 1 else 5) if not args.quick else 5
+                t, lo, hi = _timeit(lambda: run([x, qt], {}), reps)
+                ta, _, _ = _timeit(lambda: x @ gq.dequantize(data, gt).T, base_reps)
+                tb, _, _ = _timeit(lambda: x @ w_f32.T, reps)
+                wbw = data.nbytes / t
+                pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"
+                print(f"{enc:5} {n:5} {m:3} {t * 1e3:9.2f} {lo * 1e3:6.2f}-{hi * 1e3:6.2f} "
+                      f"{wbw / 1e9:7.1f} {pct} {ta * 1e3:8.1f} {ta / t:6.1f} "
+                      f"{tb * 1e3:8.2f} {tb / t:6.2f}", flush=True)
+                results.append((enc, n, m, t, wbw, ta / t, tb / t))
+            del w_f32
+    gemv = [r for r in results if r[2] == 1]
+    print(f"\nGEMV: min speed-up over (a) {min(r[5] for r in gemv):.1f}x "
+          f"(target >= 10x); weight bandwidth / read bandwidth: "
+          + ", ".join(f"{r[0]}/{r[1]} {100 * r[4] / bw:.0f}%" for r in gemv)
+          + " (target >= 50% for q4_0, q4_k, q6_k)")
+    print(f"load average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Scaled dot-product attention: causal / sliding-window masks, ALiBi, soft-capping,
+grouped-query heads. One task = (batch, query head, block of query rows), in parallel.
+
+Per query row the kernel computes scores only over the keys the row may see, as
+four dot products at a time (``K`` row-major, so each dot runs along head_dim and
+LLVM keeps four vector accumulators), a softmax with a vectorisable ``exp``, then
+``P @ V`` as four dots at a time against ``V`` transposed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from .codec_common import bits_f32
+from .config import CACHE, FASTMATH
+
+_QB = 8  # query rows per task
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
+def _exp_nonpos(x):
+    # exp(x) for x <= 0 in float32, branch-free (vectorises): x = n ln2 + r, |r| <= ln2/2,
+    # exp(r) by its degree-6 Taylor polynomial (rel. error ~1.2e-7), 2**n from the exponent bits
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = x - n * np.float32(0.693145751953125) - n * np.float32(1.428606765330187e-06)
+    p = np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    return p * bits_f32(np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)))
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
+def _dots4(a, m, lo, hi, col, out, o0):
+    # out[o0 + j - lo] = a . m[j, col...]  for j in [lo, hi), rows of m taken four at a time
+    # a: (L,) f32; m: (R, L) f32 with the dot over m's last axis starting at col
+    L = a.shape[0]
+    j = lo
+    while j + 4 <= hi:
+        s0 = np.float32(0)
+        s1 = np.float32(0)
+        s2 = np.float32(0)
+        s3 = np.float32(0)
+        m0 = m[j]
+        m1 = m[j + 1]
+        m2 = m[j + 2]
+        m3 = m[j + 3]
+        for d in range(L):
+            ad = a[d]
+            s0 += ad * m0[col + d]
+            s1 += ad * m1[col + d]
+            s2 += ad * m2[col + d]
+            s3 += ad * m3[col + d]
+        out[o0 + j - lo] = s0
+        out[o0 + j - lo + 1] = s1
+        out[o0 + j - lo + 2] = s2
+        out[o0 + j - lo + 3] = s3
+        j += 4
+    while j < hi:
+        s = np.float32(0)
+        mj = m[j]
+        for d in range(L):
+            s += a[d] * mj[col + d]
+        out[o0 + j - lo] = s
+        j += 1
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
+    # q: (B, Hq, S, D) f32; k: (B, Hkv, T, D) f32; vt: (B, Hkv, Dv, T) f32 (V transposed)
+    # out: (B, Hq, S, Dv) f32; slopes: (Hq,) f32 ALiBi slopes (all 0: none)
+    # query i sits at absolute position q_offset + i; it sees key j when j <= pos (causal)
+    # and pos - j < window (window > 0); score = softcap*tanh(s/softcap) + slope*(j - pos)
+    B, Hq, S, D = q.shape
+    Hkv = k.shape[1]
+    T = k.shape[2]
+    Dv = vt.shape[2]
+    group = Hq // Hkv
+    nblk = (S + _QB - 1) // _QB
+    for task in numba.prange(B * Hq * nblk):
+        b = task // (Hq * nblk)
+        h = (task // nblk) % Hq
+        i0 = (task % nblk) * _QB
+        hk = h // group
+        slope = slopes[h]
+        kh = k[b, hk]
+        vh = vt[b, hk]
+        qs = np.empty(D, np.float32)
+        sc = np.empty(T, np.float32)
+        for i in range(i0, min(i0 + _QB, S)):
+            pos = q_offset + i
+            lo = max(0, pos - window + 1) if window > 0 else 0
+            hi = min(T, pos + 1) if causal else T
+            orow = out[b, h, i]
+            if hi <= lo:
+                orow[:] = 0.0
+                continue
+            for d in range(D):
+                qs[d] = q[b, h, i, d] * scale
+            _dots4(qs, kh, lo, hi, 0, sc, 0)
+            n = hi - lo
+            if softcap > 0:
+                for j in range(n):
+                    sc[j] = softcap * math.tanh(sc[j] / softcap)
+            if slope != 0:
+                for j in range(n):
+                    sc[j] += slope * np.float32(lo + j - pos)
+            m = sc[0]
+            for j in range(1, n):
+                m = max(m, sc[j])
+            tot = np.float32(0)
+            for j in range(n):
+                e = _exp_nonpos(sc[j] - m)
+                sc[j] = e
+                tot += e
+            inv = np.float32(1) / tot
+            for j in range(n):
+                sc[j] *= inv
+            # out[e] = sum_j p[j] v[j, e] = p . vt[e, lo:hi]
+            _dots4(sc[:n], vh, 0, Dv, lo, orow, 0)
+
+
+def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.ndarray:
+    """q: (B, S, Hq, D), k: (B, T, Hkv, D), v: (B, T, Hkv, Dv) -> (B, S, Hq, Dv) float32."""
+    qh = np.ascontiguousarray(np.transpose(q, (0, 2, 1, 3)), dtype=np.float32)
+    kh = np.ascontiguousarray(np.transpose(k, (0, 2, 1, 3)), dtype=np.float32)
+    vt = np.ascontiguousarray(np.transpose(v, (0, 2, 3, 1)), dtype=np.float32)
+    B, Hq, S, _ = qh.shape
+    out = np.empty((B, Hq, S, vt.shape[2]), np.float32)
+    sl = (np.zeros(Hq, np.float32) if slopes is None
+          else np.asarray(slopes, dtype=np.float32).reshape(Hq))
+    if out.size:
+        _attention(qh, kh, vt, out, np.float32(scale), bool(causal),
+                   int(window or 0), sl, np.float32(softcap or 0.0), int(q_offset))
+    return np.ascontiguousarray(np.transpose(out, (0, 2, 1, 3)))

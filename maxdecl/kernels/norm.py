@@ -1,0 +1,71 @@
+"""Normalisation kernels over the last axis, rows in parallel, float32 throughout."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .config import CACHE, FASTMATH
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _layer_norm(x, gamma, beta, eps, out):
+    # x, out: (R, D) f32; gamma, beta: (D,) f32
+    # out = (x - mean) / sqrt(var + eps) * gamma + beta   (var: biased, two passes)
+    R, D = x.shape
+    inv_d = np.float32(1) / np.float32(D)
+    for r in numba.prange(R):
+        s = np.float32(0)
+        for i in range(D):
+            s += x[r, i]
+        mean = s * inv_d
+        v = np.float32(0)
+        for i in range(D):
+            t = x[r, i] - mean
+            v += t * t
+        inv = np.float32(1) / np.sqrt(v * inv_d + eps)
+        for i in range(D):
+            out[r, i] = (x[r, i] - mean) * inv * gamma[i] + beta[i]
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _rms_norm(x, w, eps, out):
+    # x, out: (R, D) f32; w: (D,) f32
+    # out = x * rsqrt(mean(x^2) + eps) * w
+    R, D = x.shape
+    inv_d = np.float32(1) / np.float32(D)
+    for r in numba.prange(R):
+        s = np.float32(0)
+        for i in range(D):
+            s += x[r, i] * x[r, i]
+        inv = np.float32(1) / np.sqrt(s * inv_d + eps)
+        for i in range(D):
+            out[r, i] = x[r, i] * inv * w[i]
+
+
+def _rows(x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x.reshape(-1, x.shape[-1]) if x.size else x.reshape(0, max(x.shape[-1], 1))
+
+
+def layer_norm(x, gamma, beta, eps) -> np.ndarray:
+    """float32 layer norm over the last axis (``beta`` may be None)."""
+    rows = _rows(x)
+    d = x.shape[-1]
+    g = np.ascontiguousarray(gamma, dtype=np.float32).reshape(d)
+    b = (np.zeros(d, np.float32) if beta is None
+         else np.ascontiguousarray(beta, dtype=np.float32).reshape(d))
+    out = np.empty(rows.shape, np.float32)
+    if rows.size:
+        _layer_norm(rows, g, b, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+def rms_norm(x, weight, eps) -> np.ndarray:
+    """float32 RMS norm over the last axis."""
+    rows = _rows(x)
+    w = np.ascontiguousarray(weight, dtype=np.float32).reshape(x.shape[-1])
+    out = np.empty(rows.shape, np.float32)
+    if rows.size:
+        _rms_norm(rows, w, np.float32(eps), out)
+    return out.reshape(x.shape)

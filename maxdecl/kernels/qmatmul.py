@@ -1,0 +1,536 @@
+"""``x @ dequantize(W).T`` on packed GGML blocks: GEMV kernels and tiled GEMM.
+
+Two paths, chosen by the number of activation rows M:
+
+* **GEMV** (M == 1, decode; bandwidth-bound): one kernel per encoding reads each
+  weight row's blocks once, in place. Each row keeps 32 float32 lane
+  accumulators alive across all its blocks (the block scale folded into the
+  product) and does one horizontal sum at the end; rows run under ``prange``.
+* **GEMM** (M > 1, prefill; compute-bound): a tile of weight rows is decoded
+  into a float32 buffer (exact: the same float32 operations as GGML/gguf-py, so
+  the tile equals ``dequantize`` bit for bit), then multiplied by BLAS sgemm.
+  The whole matrix is never decoded at once.
+
+Activations are never quantized: every product is float32 weight x float32 x.
+Block layouts (byte offsets inside one block; fp16 and u32 little-endian):
+
+    q4_0  18 B / 32:  d f16 @0 | qs[16] @2      x[j] <- lo nibble of qs[j], x[j+16] <- hi
+    q5_0  22 B / 32:  d f16 @0 | qh u32 @2 | qs[16] @6   5th bit of element j is qh bit j
+    q8_0  34 B / 32:  d f16 @0 | qs int8[32] @2
+    q4_k 144 B / 256: d f16 @0 | dmin f16 @2 | scales[12] @4 | qs[128] @16
+                      chunk c (64 values): qs[32c:32c+32] lo -> sub-block 2c, hi -> 2c+1
+                      value = d * sc[s] * q - dmin * m[s]
+    q6_k 210 B / 256: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d f16 @208
+    bf16   2 B / 1:   the top 16 bits of a float32
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from .config import CACHE, FASTMATH
+
+# Typed constants keep the lane arithmetic in int32 (numba widens int literals to
+# int64, and LLVM then unpacks bytes through 64-bit lanes).
+_I1 = np.int32(1)
+_I3 = np.int32(3)
+_I4 = np.int32(4)
+_I8 = np.int32(8)
+_I15 = np.int32(15)
+_I16 = np.int32(16)
+_I32 = np.int32(32)
+_I48 = np.int32(48)
+_I63 = np.int32(63)
+_I128 = np.int32(128)
+_I240 = np.int32(240)
+_I256 = np.int32(256)
+_SIXTEENTH = np.float32(0.0625)
+
+TILE_BYTES = 2 << 20  # float32 bytes of one decoded weight tile in the GEMM path
+
+
+# -- scalar helpers -----------------------------------------------------------------
+@intrinsic
+def _bits_f32(typingctx, u):
+    """Reinterpret the low 32 bits of an integer as a float32."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        i32 = context.get_value_type(types.uint32)
+        width = sig.args[0].bitwidth
+        if width > 32:
+            v = builder.trunc(v, i32)
+        elif width < 32:
+            v = builder.zext(v, i32)
+        return builder.bitcast(v, context.get_value_type(types.float32))
+
+    return types.float32(u), codegen
+
+
+@numba.njit(inline="always")
+def _f16(lo, hi):
+    """float32 value of the little-endian fp16 in bytes (lo, hi); exact, inf/NaN kept."""
+    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
+    em = h & np.uint32(0x7FFF)
+    # exponent rebias by a multiply: also right for fp16 subnormals and zero
+    f = _bits_f32(em << np.uint32(13)) * np.float32(5.192296858534828e33)  # 2**112
+    if em >= np.uint32(0x7C00):
+        f = _bits_f32((em << np.uint32(13)) | np.uint32(0x7F800000))
+    return -f if h & np.uint32(0x8000) else f
+
+
+@numba.njit(inline="always")
+def _bf16(u):
+    return _bits_f32(np.uint32(u) << np.uint32(16))
+
+
+@numba.njit(inline="always")
+def _i8(u):
+    """A uint8 byte read as int8 (two's complement), as int32."""
+    return (np.int32(u) ^ _I128) - _I128
+
+
+@numba.njit(inline="always")
+def _q4k_scale_min(w, r, o, j):
+    """6-bit (scale, min) of sub-block j from q4_k's 12 scale bytes at w[r, o:o+12].
+
+    bytes 0-3: EEaaaaaa (j<4: scale a = low 6 bits; EE = top 2 bits of scale j+4)
+    bytes 4-7: FFbbbbbb (j<4: min   b = low 6 bits; FF = top 2 bits of min j+4)
+    bytes 8-11: mmmmssss (j>=4: low 4 bits of scale (ssss) and of min (mmmm))
+    """
+    if j < 4:
+        sc = np.int32(w[r, o + j]) & _I63
+        m = np.int32(w[r, o + j + 4]) & _I63
+    else:
+        b = np.int32(w[r, o + j + 4])
+        sc = (b & _I15) | ((np.int32(w[r, o + j - 4]) >> np.int32(6)) << _I4)
+        m = (b >> _I4) | ((np.int32(w[r, o + j]) >> np.int32(6)) << _I4)
+    return sc, m
+
+
+@numba.njit(inline="always")
+def _q4k_scale_min1(w, o, j):
+    """``_q4k_scale_min`` on one row's bytes ``w`` (1-D)."""
+    if j < 4:
+        sc = np.int32(w[o + j]) & _I63
+        m = np.int32(w[o + j + 4]) & _I63
+    else:
+        b = np.int32(w[o + j + 4])
+        sc = (b & _I15) | ((np.int32(w[o + j - 4]) >> np.int32(6)) << _I4)
+        m = (b >> _I4) | ((np.int32(w[o + j]) >> np.int32(6)) << _I4)
+    return sc, m
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH)
+def _block_sums(x, n):
+    # x: (K,) f32 -> (K // n,) f32 sums of consecutive groups of n
+    out = np.empty(x.shape[0] // n, np.float32)
+    for b in range(out.shape[0]):
+        s = np.float32(0)
+        for j in range(n):
+            s += x[b * n + j]
+        out[b] = s
+    return out
+
+
+# -- GEMV kernels: x (K,) f32, w (N, K//be*bb) u8 -> out (N,) f32 -------------------
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q4_0(x, w, out):
+    nb = x.shape[0] // 32
+    for r in numba.prange(w.shape[0]):
+        acc = np.zeros(32, np.float32)
+        for b in range(nb):
+            o = b * 18
+            d = _f16(w[r, o], w[r, o + 1])
+            dh = d * _SIXTEENTH                      # hi nibble stays in place: q & 0xF0
+            xo = b * 32
+            for j in range(16):
+                q = np.int32(w[r, o + 2 + j])
+                acc[j] += np.float32((q & _I15) - _I8) * (d * x[xo + j])
+                acc[j + 16] += np.float32((q & _I240) - _I128) * (dh * x[xo + 16 + j])
+        s = np.float32(0)
+        for j in range(32):
+            s += acc[j]
+        out[r] = s
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q5_0(x, w, out):
+    nb = x.shape[0] // 32
+    for r in numba.prange(w.shape[0]):
+        acc = np.zeros(32, np.float32)
+        for b in range(nb):
+            o = b * 22
+            d = _f16(w[r, o], w[r, o + 1])
+            dh = d * _SIXTEENTH
+            qh = (np.int32(w[r, o + 2]) | (np.int32(w[r, o + 3]) << np.int32(8))
+                  | (np.int32(w[r, o + 4]) << _I16) | (np.int32(w[r, o + 5]) << np.int32(24)))
+            qh_hi = qh >> _I16
+            xo = b * 32
+            for j in range(16):
+                q = np.int32(w[r, o + 6 + j])
+                sh = np.int32(j)
+                lo = (q & _I15) | (((qh >> sh) & _I1) << _I4)
+                hi = (q & _I240) | (((qh_hi >> sh) & _I1) << _I8)
+                acc[j] += np.float32(lo - _I16) * (d * x[xo + j])
+                acc[j + 16] += np.float32(hi - _I256) * (dh * x[xo + 16 + j])
+        s = np.float32(0)
+        for j in range(32):
+            s += acc[j]
+        out[r] = s
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q8_0(x, w, out):
+    # w: int8 view of the blocks (the two scale bytes read back as uint8)
+    nb = x.shape[0] // 32
+    for r in numba.prange(w.shape[0]):
+        acc = np.zeros(32, np.float32)
+        for b in range(nb):
+            o = b * 34
+            d = _f16(np.uint8(w[r, o]), np.uint8(w[r, o + 1]))
+            xo = b * 32
+            for j in range(32):
+                acc[j] += np.float32(w[r, o + 2 + j]) * (d * x[xo + j])
+        s = np.float32(0)
+        for j in range(32):
+            s += acc[j]
+        out[r] = s
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q4_k(x, w, out):
+    nb = x.shape[0] // 256
+    xs = _block_sums(x, 32)                          # the min term uses sums of x per sub-block
+    for r in numba.prange(w.shape[0]):
+        lo = np.zeros(32, np.float32)
+        hi = np.zeros(32, np.float32)
+        mins = np.float32(0)
+        for b in range(nb):
+            o = b * 144
+            d = _f16(w[r, o], w[r, o + 1])
+            dmin = _f16(w[r, o + 2], w[r, o + 3])
+            for c in range(4):
+                sc0, m0 = _q4k_scale_min(w, r, o + 4, 2 * c)
+                sc1, m1 = _q4k_scale_min(w, r, o + 4, 2 * c + 1)
+                d0 = d * np.float32(sc0)
+                d1 = d * np.float32(sc1) * _SIXTEENTH
+                mins += dmin * (np.float32(m0) * xs[b * 8 + 2 * c]
+                                + np.float32(m1) * xs[b * 8 + 2 * c + 1])
+                qo = o + 16 + 32 * c
+                xo = b * 256 + 64 * c
+                for j in range(32):
+                    q = np.int32(w[r, qo + j])
+                    lo[j] += np.float32(q & _I15) * (d0 * x[xo + j])
+                    hi[j] += np.float32(q & _I240) * (d1 * x[xo + 32 + j])
+        s = np.float32(0)
+        for j in range(32):
+            s += lo[j] + hi[j]
+        out[r] = s - mins
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q6_k(x, w, out):
+    # Per half of 128 values, lane l in 0..31 holds values l, l+32, l+64, l+96:
+    # ql[l] lo/hi nibble -> l / l+64, ql[l+32] lo/hi -> l+32 / l+96, qh[l] bits 0-1,
+    # 2-3, 4-5, 6-7 -> l, l+32, l+64, l+96; one int8 scale per 16 values.
+    nb = x.shape[0] // 256
+    for r in numba.prange(w.shape[0]):
+        acc = np.zeros(32, np.float32)
+        for b in range(nb):
+            o = b * 210
+            d = _f16(w[r, o + 208], w[r, o + 209])
+            for h in range(2):
+                ql = o + h * 64
+                qh = o + 128 + h * 32
+                so = o + 192 + h * 8
+                xo = b * 256 + h * 128
+                for half in range(2):
+                    s0 = d * np.float32(_i8(w[r, so + half]))
+                    s1 = d * np.float32(_i8(w[r, so + half + 2]))
+                    s2 = d * np.float32(_i8(w[r, so + half + 4]))
+                    s3 = d * np.float32(_i8(w[r, so + half + 6]))
+                    for j in range(16 * half, 16 * half + 16):
+                        a = np.int32(w[r, ql + j])
+                        c = np.int32(w[r, ql + 32 + j])
+                        e = np.int32(w[r, qh + j])
+                        q0 = ((a & _I15) | ((e << _I4) & _I48)) - _I32
+                        q1 = ((c & _I15) | ((e << np.int32(2)) & _I48)) - _I32
+                        q2 = ((a >> _I4) | (e & _I48)) - _I32
+                        q3 = ((c >> _I4) | ((e >> np.int32(2)) & _I48)) - _I32
+                        acc[j] += (np.float32(q0) * (s0 * x[xo + j])
+                                   + np.float32(q1) * (s1 * x[xo + 32 + j])
+                                   + np.float32(q2) * (s2 * x[xo + 64 + j])
+                                   + np.float32(q3) * (s3 * x[xo + 96 + j]))
+        s = np.float32(0)
+        for j in range(32):
+            s += acc[j]
+        out[r] = s
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_bf16(x, w, out):
+    # w: (N, K) uint16 view
+    k = x.shape[0]
+    for r in numba.prange(w.shape[0]):
+        s = np.float32(0)
+        for i in range(k):
+            s += _bf16(w[r, i]) * x[i]
+        out[r] = s
+
+
+# -- exact row decoder: the same float32 operations, in the same order, as gguf-py --
+# Not fastmath and not numba-inlined, so callers' flags never reach it (LLVM may
+# still inline it; instruction flags stay exact). ``kind`` indexes KINDS.
+KINDS = {"q4_0": 0, "q5_0": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "bf16": 5}
+
+
+@numba.njit(cache=CACHE)
+def _decode_row(kind, w, r, dst):
+    # w: (N, K//be*bb) u8, row r -> dst: (K,) f32
+    w = w[r]
+    k = dst.shape[0]
+    if kind == 0:                                    # q4_0
+        for b in range(k // 32):
+            o = b * 18
+            d = _f16(w[o], w[o + 1])
+            for j in range(16):
+                q = np.int32(w[o + 2 + j])
+                dst[b * 32 + j] = d * np.float32((q & _I15) - _I8)
+                dst[b * 32 + 16 + j] = d * np.float32((q >> _I4) - _I8)
+    elif kind == 1:                                  # q5_0
+        for b in range(k // 32):
+            o = b * 22
+            d = _f16(w[o], w[o + 1])
+            qh = (np.int32(w[o + 2]) | (np.int32(w[o + 3]) << np.int32(8))
+                  | (np.int32(w[o + 4]) << _I16) | (np.int32(w[o + 5]) << np.int32(24)))
+            for j in range(16):
+                q = np.int32(w[o + 6 + j])
+                sh = np.int32(j)
+                lo = (q & _I15) | (((qh >> sh) & _I1) << _I4)
+                hi = (q >> _I4) | (((qh >> (sh + _I16)) & _I1) << _I4)
+                dst[b * 32 + j] = d * np.float32(lo - _I16)
+                dst[b * 32 + 16 + j] = d * np.float32(hi - _I16)
+    elif kind == 2:                                  # q8_0
+        for b in range(k // 32):
+            o = b * 34
+            d = _f16(w[o], w[o + 1])
+            for j in range(32):
+                dst[b * 32 + j] = d * np.float32(_i8(w[o + 2 + j]))
+    elif kind == 3:                                  # q4_k
+        for b in range(k // 256):
+            o = b * 144
+            d = _f16(w[o], w[o + 1])
+            dmin = _f16(w[o + 2], w[o + 3])
+            for c in range(4):
+                sc0, m0 = _q4k_scale_min1(w, o + 4, 2 * c)
+                sc1, m1 = _q4k_scale_min1(w, o + 4, 2 * c + 1)
+                d0 = d * np.float32(sc0)
+                d1 = d * np.float32(sc1)
+                dm0 = dmin * np.float32(m0)
+                dm1 = dmin * np.float32(m1)
+                qo = o + 16 + 32 * c
+                xo = b * 256 + 64 * c
+                for j in range(32):
+                    q = np.int32(w[qo + j])
+                    dst[xo + j] = d0 * np.float32(q & _I15) - dm0
+                    dst[xo + 32 + j] = d1 * np.float32(q >> _I4) - dm1
+    elif kind == 4:                                  # q6_k (layout: see _gemv_q6_k)
+        for b in range(k // 256):
+            o = b * 210
+            d = _f16(w[o + 208], w[o + 209])
+            for h in range(2):
+                ql = o + h * 64
+                qh = o + 128 + h * 32
+                so = o + 192 + h * 8
+                xo = b * 256 + h * 128
+                for half in range(2):
+                    s0 = d * np.float32(_i8(w[so + half]))
+                    s1 = d * np.float32(_i8(w[so + half + 2]))
+                    s2 = d * np.float32(_i8(w[so + half + 4]))
+                    s3 = d * np.float32(_i8(w[so + half + 6]))
+                    for j in range(16 * half, 16 * half + 16):
+                        a = np.int32(w[ql + j])
+                        c = np.int32(w[ql + 32 + j])
+                        e = np.int32(w[qh + j])
+                        dst[xo + j] = s0 * np.float32(((a & _I15) | ((e << _I4) & _I48)) - _I32)
+                        dst[xo + 32 + j] = s1 * np.float32(
+                            ((c & _I15) | ((e << np.int32(2)) & _I48)) - _I32)
+                        dst[xo + 64 + j] = s2 * np.float32(((a >> _I4) | (e & _I48)) - _I32)
+                        dst[xo + 96 + j] = s3 * np.float32(
+                            ((c >> _I4) | ((e >> np.int32(2)) & _I48)) - _I32)
+    else:                                            # bf16
+        for i in range(k):
+            dst[i] = _bits_f32((np.uint32(w[2 * i]) << np.uint32(16))
+                               | (np.uint32(w[2 * i + 1]) << np.uint32(24)))
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _deq_tile(kind, w, r0, r1, out):
+    # w: (N, ...) u8 rows [r0, r1) -> out: (r1 - r0, K) f32
+    for i in numba.prange(r1 - r0):
+        _decode_row(kind, w, r0 + i, out[i])
+
+
+# -- GEMM (M > 1): decode 16 rows into a per-thread buffer, then 2 x 4 register-blocked
+# dots over K slices that stay in cache; one parallel region for the whole product.
+_GEMM_ROWS = 16   # weight rows decoded per prange step
+_GEMM_KC = 512    # K slice: x[:, slice] and 4 decoded rows stay in L2 / L1
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH)
+def _dots_2x4(a, b, w0, w1, w2, w3, out, m, r):
+    # out[m:m+2, r:r+4] += [a; b] @ [w0; w1; w2; w3].T, all (KC,) f32 slices
+    s00 = np.float32(0)
+    s01 = np.float32(0)
+    s02 = np.float32(0)
+    s03 = np.float32(0)
+    s10 = np.float32(0)
+    s11 = np.float32(0)
+    s12 = np.float32(0)
+    s13 = np.float32(0)
+    for k in range(a.shape[0]):
+        xa = a[k]
+        xb = b[k]
+        s00 += xa * w0[k]
+        s01 += xa * w1[k]
+        s02 += xa * w2[k]
+        s03 += xa * w3[k]
+        s10 += xb * w0[k]
+        s11 += xb * w1[k]
+        s12 += xb * w2[k]
+        s13 += xb * w3[k]
+    out[m, r] += s00
+    out[m, r + 1] += s01
+    out[m, r + 2] += s02
+    out[m, r + 3] += s03
+    out[m + 1, r] += s10
+    out[m + 1, r + 1] += s11
+    out[m + 1, r + 2] += s12
+    out[m + 1, r + 3] += s13
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH)
+def _dots_1x4(a, w0, w1, w2, w3, out, m, r):
+    s0 = np.float32(0)
+    s1 = np.float32(0)
+    s2 = np.float32(0)
+    s3 = np.float32(0)
+    for k in range(a.shape[0]):
+        xa = a[k]
+        s0 += xa * w0[k]
+        s1 += xa * w1[k]
+        s2 += xa * w2[k]
+        s3 += xa * w3[k]
+    out[m, r] += s0
+    out[m, r + 1] += s1
+    out[m, r + 2] += s2
+    out[m, r + 3] += s3
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemm(kind, x, w, out, threads):
+    # x: (M, K) f32, w: (N, K//be*bb) u8 -> out: (M, N) f32
+    m_rows, k = x.shape
+    n = w.shape[0]
+    chunks = (n + _GEMM_ROWS - 1) // _GEMM_ROWS
+    groups = min(chunks, 4 * threads)
+    for g in numba.prange(groups):                   # buffers made once per group
+        buf = np.empty((_GEMM_ROWS, k), np.float32)
+        tmp = np.empty((m_rows, _GEMM_ROWS), np.float32)
+        for c in range(g, chunks, groups):
+            r0 = c * _GEMM_ROWS
+            rows = min(_GEMM_ROWS, n - r0)
+            quads = (rows + 3) // 4
+            for i in range(rows):
+                _decode_row(kind, w, r0 + i, buf[i])
+            for i in range(rows, quads * 4):         # rows past N read as zero
+                buf[i, :] = 0
+            tmp[:, :] = 0
+            for k0 in range(0, k, _GEMM_KC):
+                k1 = min(k, k0 + _GEMM_KC)
+                for q in range(quads):
+                    i = 4 * q
+                    w0 = buf[i, k0:k1]
+                    w1 = buf[i + 1, k0:k1]
+                    w2 = buf[i + 2, k0:k1]
+                    w3 = buf[i + 3, k0:k1]
+                    for m in range(0, m_rows - 1, 2):
+                        _dots_2x4(x[m, k0:k1], x[m + 1, k0:k1], w0, w1, w2, w3, tmp, m, i)
+                    if m_rows % 2:
+                        _dots_1x4(x[m_rows - 1, k0:k1], w0, w1, w2, w3, tmp, m_rows - 1, i)
+            for m in range(m_rows):
+                for i in range(rows):
+                    out[m, r0 + i] = tmp[m, i]
+
+
+# -- Python wrappers -----------------------------------------------------------------
+def _view(encoding: str, w: np.ndarray) -> np.ndarray:
+    if encoding == "q8_0":
+        return w.view(np.int8)
+    if encoding == "bf16":
+        return w.view(np.uint16)
+    return w
+
+
+_GEMV = {"q4_0": _gemv_q4_0, "q5_0": _gemv_q5_0, "q8_0": _gemv_q8_0,
+         "q4_k": _gemv_q4_k, "q6_k": _gemv_q6_k, "bf16": _gemv_bf16}
+# (block_elements, block_bytes) each kernel assumes, as GGML defines them
+LAYOUTS = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
+           "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2)}
+
+
+def has_kernel(encoding: str, block_elements: int, block_bytes: int) -> bool:
+    """True if ``encoding`` has fast kernels and its block sizes are GGML's."""
+    return LAYOUTS.get(encoding) == (block_elements, block_bytes)
+
+
+def tile_rows(k: int) -> int:
+    """Weight rows per decoded tile in the GEMM / fallback path (about TILE_BYTES)."""
+    return max(8, TILE_BYTES // (4 * max(k, 1)))
+
+
+def tiled_matmul(x2: np.ndarray, n: int, decode_tile) -> np.ndarray:
+    """``x2 @ W.T`` with W decoded one tile of rows at a time by ``decode_tile(r0, r1, buf)``.
+
+    x2: (M, K) f32 contiguous -> (M, N) f32. ``buf`` is a (rows, K) f32 scratch view.
+    """
+    m, k = x2.shape
+    rows = min(n, tile_rows(k))
+    buf = np.empty((rows, k), np.float32)
+    out_t = np.empty((n, m), np.float32)             # W_tile @ x2.T lands in contiguous rows
+    xt = x2.T
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        tile = buf[: r1 - r0]
+        decode_tile(r0, r1, tile)
+        np.matmul(tile, xt, out=out_t[r0:r1])
+    return np.ascontiguousarray(out_t.T)
+
+
+def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
+    """``x2 @ dequantize(w).T`` for an encoding in ``LAYOUTS``.
+
+    x2: (M, K) f32 contiguous, w: (N, K // be * bb) u8 contiguous -> (M, N) f32.
+    """
+    n = w.shape[0]
+    wv = _view(encoding, w)
+    if x2.shape[0] == 1:
+        out = np.empty((1, n), np.float32)
+        _GEMV[encoding](x2[0], wv, out[0])
+        return out
+    out = np.empty((x2.shape[0], n), np.float32)
+    _gemm(KINDS[encoding], x2, w, out, numba.get_num_threads())
+    return out
+
+
+def dequantize_rows(w: np.ndarray, encoding: str, k: int, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of ``w`` decoded exactly to float32 (r1 - r0, k)."""
+    out = np.empty((r1 - r0, k), np.float32)
+    _deq_tile(KINDS[encoding], w, r0, r1, out)
+    return out

@@ -1,0 +1,53 @@
+"""Rotary position embedding: rotate feature pairs by position-dependent angles."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .config import CACHE
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _rope(x, cos, sin, out, neox):
+    # x, out: (B, S, H, Dh) f32; cos, sin: (S, half) f32; rotates the first 2*half features
+    # normal (GGML): pairs (2i, 2i+1); neox (HF): pairs (i, i + half); the rest pass through
+    B, S, H, Dh = x.shape
+    half = cos.shape[1]
+    for t in numba.prange(B * S):
+        b = t // S
+        s = t % S
+        for h in range(H):
+            for i in range(half):
+                c = cos[s, i]
+                sn = sin[s, i]
+                if neox:
+                    j0, j1 = i, i + half
+                else:
+                    j0, j1 = 2 * i, 2 * i + 1
+                a = x[b, s, h, j0]
+                e = x[b, s, h, j1]
+                out[b, s, h, j0] = a * c - e * sn
+                out[b, s, h, j1] = a * sn + e * c
+            for j in range(2 * half, Dh):
+                out[b, s, h, j] = x[b, s, h, j]
+
+
+def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
+    """x: (..., S, H, Dh) f32, positions: (S,) int -> rotated float32 copy.
+
+    Angle of pair i at position p: ``(p / scale) * theta ** (-2i / dim)``, computed in
+    float64 and rounded to float32 cos/sin.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    S, H, Dh = x.shape[-3:]
+    half = dim // 2
+    inv_freq = float(theta) ** (-np.arange(half, dtype=np.float64) * 2.0 / dim)
+    ang = (np.asarray(positions, dtype=np.float64) / float(scale))[:, None] * inv_freq[None, :]
+    cos = np.cos(ang).astype(np.float32)
+    sin = np.sin(ang).astype(np.float32)
+    x4 = x.reshape(-1, S, H, Dh)
+    out = np.empty_like(x4)
+    if out.size:
+        _rope(x4, cos, sin, out, bool(neox))
+    return out.reshape(x.shape)

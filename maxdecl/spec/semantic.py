@@ -1,0 +1,604 @@
+"""What a schema cannot say: names resolve, ops exist, shapes evaluate and divide.
+
+After ``parse`` (``maxdecl.spec.parse``) has turned the YAML data into a
+``Spec``, ``Expander`` unrolls the layer tree for one variant, like running a
+straight-line program: repeats run their body N times with the index bound,
+block uses run the block's body in a fresh value namespace, every ``{expr}`` is
+evaluated and every name resolved. It records problems instead of stopping, and
+produces the ``Program`` the builder consumes.
+
+``check`` runs the expander for every variant and merges the problems, so a
+weight shape that breaks an encoding's block size only in ``8b`` is reported
+with "(variant 8b)".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import sys
+from types import MappingProxyType
+
+from ..errors import SpecError
+from ..signatures import BUILTIN_ENCODINGS, REQUIRED, SIGNATURES, OpSig
+from .expr import ExprError, evaluate, is_template, render, split_template
+from .marks import RawProblem, nearest_mark, pointer_escape
+from .model import (BlockDecl, IODecl, LayerDecl, PConst, PInput, PLayer, POp, Pos, Program,
+                    PWeight, Ref, Spec)
+from .parse import parse  # noqa: F401  (re-exported: semantic.parse)
+
+# Spec-level conveniences the builder lowers to registry ops (not model-specific):
+# linear(x, w, bias?) = x @ w.T (+ bias): qmatmul when w is quantized, else matmul.
+SPEC_OPS: dict[str, OpSig] = {
+    "linear": OpSig(("x", "w"), optional=("bias",),
+                    doc="x @ w.T (+ bias); w [N, K] quantized or float"),
+}
+
+_DTYPES = {"float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool",
+           "f32", "f16", "bf16", "i8", "u8", "i32", "i64"}
+
+
+def op_signature(name: str) -> OpSig | None:
+    """The signature of op ``name`` (registry table or spec-level op), or None."""
+    return SPEC_OPS.get(name) or SIGNATURES.get(name)
+
+
+def known_encodings() -> dict[str, tuple[int, int]]:
+    """Encoding name -> (block_elements, block_bytes): built-ins plus any already
+    registered with ``md.codecs`` (checked without importing NumPy)."""
+    out = dict(BUILTIN_ENCODINGS)
+    codecs = sys.modules.get("maxdecl.codecs")
+    if codecs is not None:
+        for n in codecs.names():
+            enc = codecs.get(n)
+            out.setdefault(n, (int(enc.block_elements), int(enc.block_bytes)))
+    return out
+
+
+def _hint(word, choices) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def variant_env(spec: Spec, variant: str, overrides: dict | None = None):
+    """(params dict, problems) for ``variant``: its hyperparameters, then ``overrides``,
+    then the derived ``params`` in order (an overridden name is not re-derived)."""
+    problems = []
+    env: dict = {}
+    raw = spec.variants.get(variant, {})
+    for k, v in raw.items():
+        try:
+            env[k] = render(v, env)
+        except ExprError as e:
+            ptr = f"/variants/{pointer_escape(variant)}/{pointer_escape(k)}"
+            problems.append(RawProblem(*nearest_mark(spec.marks, ptr), ptr, str(e)))
+    env.update(overrides or {})
+    for name, value, pos in spec.derived:
+        if overrides and name in overrides:
+            continue
+        try:
+            env[name] = render(value, env)
+        except ExprError as e:
+            problems.append(RawProblem(pos.line, pos.col, pos.ptr, str(e)))
+    return env, problems
+
+
+def select_variant(spec: Spec, variant: str, overrides: dict | None = None) -> Spec:
+    """``spec`` with ``variant`` selected and its params resolved (SpecError if unknown)."""
+    if variant not in spec.variants:
+        raise SpecError(f"{spec.file}: unknown variant {variant!r} (variants: "
+                        f"{', '.join(spec.variants)}){_hint(variant, spec.variants)}")
+    env, problems = variant_env(spec, variant, overrides)
+    if problems:
+        p = problems[0]
+        raise SpecError(f"{spec.file}:{p.line}:{p.col}: {p.message}")
+    return dataclasses.replace(spec, variant=variant, params=MappingProxyType(env))
+
+
+# -- pass 2: unroll one variant ----------------------------------------------------------
+
+class Expander:
+    """Unrolls ``spec`` for one variant into a Program, collecting problems."""
+
+    def __init__(self, spec: Spec, variant: str, overrides: dict | None = None):
+        self.spec = spec
+        self.variant = variant
+        self.env, self.problems = variant_env(spec, variant, overrides)
+        self.encodings = known_encodings()
+        self.steps: list = []
+        self.layers: list[PLayer] = []
+        self.layer_pos: dict[str, Pos] = {}
+        self.value_names: dict[int, str] = {}
+        self.globals: dict[str, int] = {}
+        self.weights: dict[str, PWeight] = {}
+        self.weight_refs: list[tuple[str, Pos]] = []
+        self.used_weights: set[str] = set()
+        self.glob_hits: set[str] = set()
+        self.io_names: dict[str, Pos] = {}
+        self.root_outputs: list = []
+        self.layer_outputs: list = []
+        self._vid = 0
+        self._at: dict = {}
+
+    # helpers
+    def problem(self, pos: Pos, message: str) -> None:
+        self.problems.append(RawProblem(pos.line, pos.col, pos.ptr, message))
+
+    def at(self, ptr: str, key: bool = False) -> Pos:
+        pos = self._at.get((ptr, key))
+        if pos is None:
+            pos = self._at[(ptr, key)] = Pos(ptr, *nearest_mark(self.spec.marks, ptr, key=key))
+        return pos
+
+    def new_value(self, name: str) -> int:
+        self._vid += 1
+        self.value_names[self._vid] = name
+        return self._vid
+
+    def render(self, raw, env, pos: Pos, what: str):
+        """Evaluate a template; on error report it and return None."""
+        try:
+            return render(raw, env)
+        except ExprError as e:
+            self.problem(pos, f"{what}: {e}" if what else str(e))
+            return None
+
+    def dim(self, raw, env, pos: Pos, symbolic: bool):
+        """One shape entry: an int, a declared symbolic dim, or an expression."""
+        if _is_num(raw) and isinstance(raw, int):
+            value = raw
+        elif isinstance(raw, str) and symbolic and raw.strip() in self.spec.dims:
+            return raw.strip()
+        elif isinstance(raw, str):
+            text = raw.strip()
+            if text.startswith("{") and text.endswith("}") and len(split_template(text)) == 1:
+                text = text[1:-1]
+            try:
+                value = evaluate(text, env)
+            except ExprError as e:
+                extra = (f" (symbolic dims: {', '.join(self.spec.dims)})"
+                         if symbolic and self.spec.dims and "undefined name" in str(e) else "")
+                self.problem(pos, f"shape: {e}{extra}")
+                return None
+        else:
+            self.problem(pos, f"shape: expected an integer or expression, got {raw!r}")
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if symbolic else 1):
+            self.problem(pos, f"shape: dim {raw!r} evaluates to {value!r}; expected a "
+                              f"{'non-negative' if symbolic else 'positive'} integer")
+            return None
+        return value
+
+    def shape(self, raw, env, base_ptr: str, symbolic: bool):
+        dims = [self.dim(d, env, self.at(f"{base_ptr}/{k}"), symbolic)
+                for k, d in enumerate(raw)]
+        return None if any(d is None for d in dims) else tuple(dims)
+
+    # the program
+    def run(self) -> Program:
+        spec = self.spec
+        if spec.variants and self.variant not in spec.variants:
+            raise SpecError(f"{spec.file}: unknown variant {self.variant!r} (variants: "
+                            f"{', '.join(spec.variants)}){_hint(self.variant, spec.variants)}")
+        self.check_encodings()
+        for io in spec.inputs:
+            self.declare_input(io, (), self.globals, self.env)
+        for c in spec.constants:
+            value = self.render(c.value, self.env, c.pos, f"constant {c.name!r}")
+            if value is not None and not (_is_num(value) or isinstance(value, (bool, list))):
+                self.problem(c.pos, f"constant {c.name!r} must be a number, bool or list, "
+                                    f"got {value!r}")
+                value = None
+            if c.name in self.globals:
+                self.problem(c.pos, f"constant {c.name!r} has the name of a graph input")
+            vid = self.new_value(c.name)
+            self.globals[c.name] = vid
+            if value is not None:
+                self.steps.append(PConst(c.name, value, c.dtype or _default_dtype(value), vid,
+                                         c.pos))
+        ns: dict[str, int] = {}
+        self.body(spec.layers, (), self.env, ns, [], ())
+        for name, pos in spec.outputs:
+            vid = self.lookup(name, ns, pos)
+            if vid is not None:
+                self.add_output(name, vid, pos, self.root_outputs)
+        for name, pos in self.weight_refs:
+            if name in self.weights:
+                self.used_weights.add(name)
+            else:
+                self.problem(pos, f"unknown weight {name!r}" + _hint(name, self.weights)
+                             + " (weights are <layer path>.<name> from `weights:`)")
+        for w in self.weights.values():
+            if w.name not in self.used_weights:
+                self.problem(w.pos, f"weight {w.name!r} is declared but no op uses it "
+                                    f"(reference it as .{w.name.rsplit('.', 1)[-1]})")
+        return Program(
+            name=spec.name, file=spec.file, variant=self.variant,
+            params=MappingProxyType(dict(self.env)), steps=tuple(self.steps),
+            outputs=tuple(self.root_outputs + self.layer_outputs), layers=tuple(self.layers),
+            value_names=MappingProxyType(self.value_names))
+
+    def check_encodings(self):
+        spec = self.spec
+        entries = [(spec.encoding_default, self.at("/encodings/default"))]
+        entries += [(e, pos) for _, e, pos in spec.encoding_overrides]
+        for raw, pos in entries:
+            enc = self.render(raw, self.env, pos, "encoding")
+            if enc is not None and str(enc).lower() not in self.encodings:
+                self.problem(pos, f"unknown encoding {enc!r} (known: "
+                                  f"{', '.join(sorted(self.encodings))})"
+                                  + _hint(str(enc).lower(), self.encodings))
+
+    def encoding_for(self, name: str, env) -> str | None:
+        for glob, enc, _ in self.spec.encoding_overrides:
+            if fnmatch.fnmatchcase(name, glob):
+                self.glob_hits.add(glob)
+                break
+        else:
+            enc = self.spec.encoding_default
+        try:
+            value = str(render(enc, env)).lower()
+        except ExprError:
+            return None     # reported by check_encodings
+        return value if value in self.encodings else None
+
+    def declare_input(self, io: IODecl, path: tuple, ns: dict, env):
+        full = ".".join(path + (io.name,))
+        if full in self.io_names:
+            self.problem(io.pos, f"graph input {full!r} is declared twice")
+        self.io_names[full] = io.pos
+        vid = self.new_value(io.name)
+        ns[io.name] = vid
+        if io.dtype not in _DTYPES:
+            return   # the schema reports it
+        shape = self.shape(io.shape, env, f"{io.pos.ptr}/shape", symbolic=True)
+        self.steps.append(PInput(full, io.dtype, shape or (), vid, path, io.pos))
+
+    def add_output(self, name: str, vid: int, pos: Pos, into: list):
+        if any(n == name for n, _ in self.root_outputs + self.layer_outputs):
+            self.problem(pos, f"graph output {name!r} is declared twice")
+            return
+        into.append((name, vid))
+
+    def lookup(self, name: str, ns: dict, pos: Pos):
+        if name in ns:
+            return ns[name]
+        if name in self.globals:
+            return self.globals[name]
+        known = list(ns) + list(self.globals)
+        self.problem(pos, f"undefined value {name!r}{_hint(name, known)} (values come from "
+                          "`inputs`, `constants` or an earlier `out`)")
+        return None
+
+    # the tree
+    def body(self, layers, path, env, ns, wscope, blocks):
+        for decl in layers:
+            self.layer(decl, path, env, ns, wscope, blocks)
+
+    def layer(self, decl: LayerDecl, path, env, ns, wscope, blocks):
+        kinds = [k for k, v in (("op", decl.op), ("layers", decl.children or None),
+                                ("block", decl.block)) if v is not None]
+        if len(kinds) != 1:
+            found = " and ".join(f"`{k}`" for k in kinds) or "none"
+            self.problem(decl.pos, f"a layer needs exactly one of `op`, `layers` or `block` "
+                                   f"(found {found})")
+            self.bind([n for n, _ in decl.outs], ns)
+            return
+        if decl.name is None and (decl.weights or decl.children or decl.block):
+            self.problem(decl.pos, "this layer needs a `name` (only a plain op may be "
+                                   "anonymous; its weights are named after the layer path)")
+            return
+        if decl.repeat is None:
+            self.instance(decl, path, env, ns, wscope, blocks)
+            return
+        rpos = self.at(f"{decl.pos.ptr}/repeat")
+        raw = decl.repeat
+        if isinstance(raw, str):
+            text = raw.strip()
+            if not (text.startswith("{") and text.endswith("}")):
+                raw = "{" + text + "}"
+        n = self.render(raw, env, rpos, "repeat")
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            self.problem(rpos, f"repeat must be a positive integer, got {n!r}")
+            return
+        for k in range(n):
+            self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
+
+    def instance(self, decl: LayerDecl, path, env, ns, wscope, blocks):
+        if decl.name is not None:
+            npos = self.at(f"{decl.pos.ptr}/name")
+            seg = self.render(decl.name, env, npos, "name")
+            if seg is None:
+                return
+            seg = str(seg)
+            if not seg or any(not part or part.strip() != part for part in seg.split(".")):
+                self.problem(npos, f"invalid layer name {seg!r}: expected dot-separated parts "
+                                   "without spaces, e.g. blk.{i}")
+                return
+            path = path + (seg,)
+            full = ".".join(path)
+            if full in self.layer_pos:
+                first = self.layer_pos[full]
+                again = " (a repeated layer needs its index in the name, e.g. blk.{i})" \
+                    if decl.repeat is not None and first.ptr == npos.ptr else ""
+                self.problem(npos, f"duplicate layer name {full!r} (first at line "
+                                   f"{first.line}){again}")
+                return
+            self.layer_pos[full] = npos
+            self.layers.append(PLayer(full, len(path) - 1, decl.pos))
+        for io in decl.inputs:
+            self.declare_input(io, path, ns, env)
+        local = {}
+        for w in decl.weights:
+            full = ".".join(path + (w.local,))
+            shape = self.shape(w.shape, env, w.pos.ptr, symbolic=False)
+            enc = self.encoding_for(full, env)
+            if not w.shape:
+                self.problem(w.pos, f"weight {full!r}: expected a shape list such as [dim]")
+                shape = None
+            if shape is not None and enc is not None:
+                block = self.encodings[enc][0]
+                if shape[-1] % block:
+                    self.problem(w.pos, f"weight {full!r} {list(shape)}: last dim {shape[-1]} "
+                                        f"is not a multiple of {enc}'s block of {block} "
+                                        "elements; choose another encoding for it under "
+                                        "`encodings.overrides`")
+            pw = PWeight(full, shape or (), enc or "f32", path, w.pos)
+            self.weights[full] = pw
+            self.steps.append(pw)
+            local[w.local] = full
+        if local:
+            wscope = wscope + [local]
+        if decl.op is not None:
+            self.op(decl, path, env, ns, wscope)
+        elif decl.block is not None:
+            self.use_block(decl, path, env, ns, wscope, blocks)
+        else:
+            self.body(decl.children, path, env, ns, wscope, blocks)
+        for name, pos in decl.outputs:
+            vid = self.lookup(name, ns, pos)
+            if vid is not None:
+                self.add_output(".".join(path + (name,)), vid, pos, self.layer_outputs)
+
+    def ref(self, raw, pos: Pos, env, ns, wscope):
+        """Resolve one op input to a Ref (or None after reporting a problem)."""
+        if _is_num(raw):
+            return Ref("scalar", raw)
+        if not isinstance(raw, str) or not raw.strip():
+            self.problem(pos, f"expected a value name, .weight, weight name or number, "
+                              f"got {raw!r}")
+            return None
+        text = raw.strip()
+        parts = None
+        if is_template(text):
+            try:
+                parts = split_template(text)
+            except ExprError as e:
+                self.problem(pos, str(e))
+                return None
+        if parts is not None and len(parts) == 1 and parts[0][0]:
+            v = self.render(text, env, pos, "")
+            if v is None:
+                return None
+            if not _is_num(v):
+                self.problem(pos, f"{text!r} evaluates to {v!r}; an op input expression "
+                                  "must give a number (a scalar constant)")
+                return None
+            return Ref("scalar", v)
+        if text.startswith("."):
+            local = text[1:]
+            for scope in reversed(wscope):
+                if local in scope:
+                    self.used_weights.add(scope[local])
+                    return Ref("weight", scope[local])
+            declared = sorted({k for s in wscope for k in s})
+            self.problem(pos, f"no weight {local!r} in this layer or an enclosing one "
+                              f"(declared: {', '.join(declared) or 'none'})"
+                              + _hint(local, declared))
+            return None
+        if "." in text or parts is not None:
+            name = self.render(text, env, pos, "")
+            if name is None:
+                return None
+            self.weight_refs.append((str(name), pos))
+            return Ref("weight", str(name))
+        vid = self.lookup(text, ns, pos)
+        return None if vid is None else Ref("value", vid)
+
+    def op(self, decl: LayerDecl, path, env, ns, wscope):
+        opos = self.at(f"{decl.pos.ptr}/op")
+        sig = op_signature(decl.op)
+        refs = [self.ref(raw, pos, env, ns, wscope) for raw, pos in decl.ins]
+        outs = [n for n, _ in decl.outs]
+        if sig is None:
+            known = sorted(set(SIGNATURES) | set(SPEC_OPS))
+            self.problem(opos, f"unknown op {decl.op!r}{_hint(decl.op, known)}")
+            self.bind(outs, ns)
+            return
+        ipos = self.at(f"{decl.pos.ptr}/in")
+        lo, hi = sig.arity()
+        names = list(sig.inputs) + [f"{n}?" for n in sig.optional]
+        if len(refs) < lo or (hi is not None and len(refs) > hi):
+            want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"{lo}+"
+            self.problem(ipos if decl.ins else decl.pos,
+                         f"{decl.op} takes {want} input{'s' if hi != 1 else ''} "
+                         f"({', '.join(names)}), got {len(refs)}")
+        attrs = {}
+        for key, raw, vpos, kpos in decl.attrs:
+            if key not in sig.attrs:
+                known = ", ".join(sig.attrs) or "none"
+                self.problem(kpos, f"unknown attribute {key!r} for {decl.op} (known: {known})"
+                                   + _hint(key, sig.attrs))
+                continue
+            try:
+                attrs[key] = render(raw, env)
+            except ExprError as e:
+                self.problem(vpos, f"attribute {key!r}: {e}")
+        written = {k for k, *_ in decl.attrs}
+        for key, default in sig.attrs.items():
+            if default is REQUIRED and key not in written:
+                self.problem(opos, f"{decl.op} needs attribute {key!r}")
+        n_out = self.n_outputs(decl.op, sig, refs, attrs)
+        if n_out is not None and decl.outs and len(outs) != n_out:
+            self.problem(self.at(f"{decl.pos.ptr}/out"),
+                         f"{decl.op} here returns {n_out} output{'s' if n_out != 1 else ''}, "
+                         f"but `out` names {len(outs)}")
+        if not decl.outs and f"{decl.pos.ptr}/out" not in self.spec.marks:
+            self.problem(decl.pos, f"{decl.op}: missing `out`: name the value(s) it produces")
+        vids = self.bind(outs, ns)
+        if all(r is not None for r in refs):
+            self.steps.append(POp(decl.op, path, tuple(refs), tuple(vids),
+                                  MappingProxyType(attrs), decl.pos))
+
+    @staticmethod
+    def n_outputs(op, sig, refs, attrs):
+        if sig.outputs is not None:
+            return sig.outputs
+        if op == "attention":
+            return 2 if len(refs) >= 4 else 1
+        if op == "split" and isinstance(attrs.get("sizes"), list):
+            return len(attrs["sizes"])
+        return None
+
+    def bind(self, names, ns) -> list[int]:
+        vids = []
+        for n in names:
+            vid = self.new_value(n)
+            ns[n] = vid
+            vids.append(vid)
+        return vids
+
+    def use_block(self, decl: LayerDecl, path, env, ns, wscope, blocks):
+        bpos = self.at(f"{decl.pos.ptr}/block")
+        block: BlockDecl | None = self.spec.blocks.get(decl.block)
+        outs = [n for n, _ in decl.outs]
+        if block is None:
+            self.problem(bpos, f"unknown block {decl.block!r} (blocks: "
+                               f"{', '.join(self.spec.blocks) or 'none'})"
+                               + _hint(decl.block, self.spec.blocks))
+            self.bind(outs, ns)
+            return
+        if decl.block in blocks:
+            self.problem(bpos, f"block {decl.block!r} uses itself "
+                               f"({' -> '.join(blocks + (decl.block,))})")
+            self.bind(outs, ns)
+            return
+        benv = dict(self.env)
+        given = set()
+        for key, raw, pos in decl.with_:
+            if key not in block.params:
+                self.problem(pos, f"block {block.name!r} has no parameter {key!r} "
+                                  f"(parameters: {', '.join(block.params) or 'none'})"
+                                  + _hint(key, block.params))
+                continue
+            given.add(key)
+            benv[key] = self.render(raw, env, pos, f"parameter {key!r}")
+        missing = [p for p in block.params if p not in given]
+        if missing:
+            self.problem(bpos, f"block {block.name!r} needs `with:` {', '.join(missing)}")
+            for p in missing:
+                benv[p] = None
+        refs = [self.ref(raw, pos, env, ns, wscope) for raw, pos in decl.ins]
+        if len(refs) != len(block.inputs):
+            self.problem(self.at(f"{decl.pos.ptr}/in") if decl.ins else bpos,
+                         f"block {block.name!r} takes {len(block.inputs)} input(s) "
+                         f"({', '.join(n for n, _ in block.inputs)}), got {len(refs)}")
+        bns: dict[str, int] = {}
+        for (name, _), r in zip(block.inputs, refs):
+            if r is None:
+                bns[name] = self.new_value(name)
+            elif r.kind == "value":
+                bns[name] = r.target
+            else:
+                self.problem(self.at(f"{decl.pos.ptr}/in"),
+                             f"block inputs must be values, got {r.kind} {r.target!r}")
+                bns[name] = self.new_value(name)
+        self.body(block.layers, path, benv, bns, wscope, blocks + (decl.block,))
+        if len(outs) != len(block.outputs):
+            self.problem(self.at(f"{decl.pos.ptr}/out") if decl.outs else bpos,
+                         f"block {block.name!r} returns {len(block.outputs)} value(s) "
+                         f"({', '.join(n for n, _ in block.outputs)}), but `out` names "
+                         f"{len(outs)}")
+        results = [self.lookup(name, bns, pos) for name, pos in block.outputs]
+        for name, vid in zip(outs, results):
+            ns[name] = vid if vid is not None else self.new_value(name)
+
+
+def _default_dtype(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    return "float32"
+
+
+# -- entry points -----------------------------------------------------------------------
+
+def check(spec: Spec) -> list[RawProblem]:
+    """Semantic problems of ``spec`` over all its variants (one per position)."""
+    problems: list[RawProblem] = []
+    variants = list(spec.variants) or [spec.variant]
+    # variants must all define the same hyperparameters
+    if spec.variants:
+        ref_name = spec.default_variant
+        ref_keys = list(spec.variants.get(ref_name, {}))
+        for v, hp in spec.variants.items():
+            missing = [k for k in ref_keys if k not in hp]
+            if missing and v != ref_name:
+                ptr = f"/variants/{pointer_escape(v)}"
+                problems.append(RawProblem(*nearest_mark(spec.marks, ptr, key=True), ptr,
+                                           f"variant {v!r} lacks {', '.join(missing)} "
+                                           f"(defined by {ref_name!r})"))
+    per_variant: dict[tuple, tuple[RawProblem, list]] = {}
+    hits: set[str] = set()
+    for v in variants:
+        ex = Expander(spec, v)
+        try:
+            ex.run()
+        except SpecError as e:
+            problems.append(RawProblem(1, 1, "", str(e)))
+            continue
+        hits |= ex.glob_hits
+        seen_here = set()
+        for p in ex.problems:
+            key = (p.line, p.col)
+            if key in seen_here:
+                continue
+            seen_here.add(key)
+            if key in per_variant:
+                per_variant[key][1].append(v)
+            else:
+                per_variant[key] = (p, [v])
+    for p, vs in per_variant.values():
+        if len(variants) > 1 and len(vs) < len(variants):
+            p = dataclasses.replace(p, message=f"{p.message} (variant{'s' if len(vs) > 1 else ''}"
+                                               f" {', '.join(vs)})")
+        problems.append(p)
+    for glob, _, pos in spec.encoding_overrides:
+        if glob not in hits:
+            problems.append(RawProblem(pos.line, pos.col, pos.ptr,
+                                       f"encoding override {glob!r} matches no weight in any "
+                                       "variant (or only weights an earlier override takes)"))
+    return problems
+
+
+def expand_or_raise(spec: Spec, variant: str, params: dict | None = None) -> Program:
+    """The Program of ``spec`` for ``variant``; SpecError on the first problem."""
+    ex = Expander(spec, variant, params)
+    prog = ex.run()
+    if ex.problems:
+        ex.problems.sort(key=lambda p: (p.line, p.col))
+        p = ex.problems[0]
+        more = len(ex.problems) - 1
+        tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise SpecError(f"{spec.file}:{p.line}:{p.col}: {p.message}{tail}")
+    return prog

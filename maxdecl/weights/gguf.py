@@ -1,0 +1,318 @@
+"""GGUF files -> TensorDict: packed blocks stay packed, memory-mapped, keyed by GGUF name.
+
+Layout (GGUF v2/v3, little-endian; https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)::
+
+    "GGUF"  u32 version  u64 n_tensors  u64 n_kv
+    n_kv    x  key: str, type: u32, value          str = u64 length + UTF-8 bytes
+    n_tensors x name: str, n_dims: u32, ne: u64[n_dims], ggml_type: u32, offset: u64
+    padding to general.alignment (default 32)
+    tensor data; each tensor at data_start + offset (a multiple of the alignment)
+
+``ne`` lists dimensions fastest-first, so the logical NumPy shape is
+``reversed(ne)``: a [N, K] matrix has ne = (K, N) and its rows are quantized
+along K exactly as ``md.codecs`` expects.
+
+Why not ``gguf.GGUFReader``: it builds several NumPy objects per metadata array
+element (a minute for Gemma 3's 262k-token vocabulary on a busy machine) and
+does no bounds checking. This parser walks the header with ``struct`` and checks
+every length against the file; gguf-py still supplies the type tables.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from ..errors import MaxdeclError, QuantizationError, WeightsError
+from ..tensors import QuantizedTensor, TensorDict
+
+__all__ = ["load_gguf", "read_gguf_metadata", "GGUF_MAGIC"]
+
+GGUF_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_MAX_DIMS = 4            # GGML_MAX_DIMS
+_MAX_NESTING = 8         # arrays of arrays deeper than this are refused
+_DEFAULT_ALIGNMENT = 32
+
+# Scalar value types: struct code (little-endian).
+_SCALARS = {
+    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
+    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT32: "f", GGUFValueType.FLOAT64: "d",
+    GGUFValueType.BOOL: "?",
+}
+# Plain element types stored as arrays of their own dtype.
+_ARRAY_TYPES = {
+    GGMLQuantizationType.F32: np.dtype("<f4"), GGMLQuantizationType.F16: np.dtype("<f2"),
+    GGMLQuantizationType.F64: np.dtype("<f8"),
+    GGMLQuantizationType.I8: np.dtype("i1"), GGMLQuantizationType.I16: np.dtype("<i2"),
+    GGMLQuantizationType.I32: np.dtype("<i4"), GGMLQuantizationType.I64: np.dtype("<i8"),
+}
+
+
+class _Header:
+    """Parsed GGUF header: metadata dict, tensor infos and where the data starts."""
+
+    def __init__(self, metadata, tensors, data_start, alignment):
+        self.metadata = metadata
+        self.tensors = tensors          # list of (name, ne tuple, ggml type int, offset)
+        self.data_start = data_start
+        self.alignment = alignment
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer; errors name the file."""
+
+    def __init__(self, path: str, buf, size: int):
+        self.path, self.buf, self.size, self.pos = path, buf, size, 0
+
+    def fail(self, what: str):
+        raise WeightsError(f"{self.path}: {what}")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            self.fail(f"truncated or corrupted GGUF: {what} needs {n} bytes from offset "
+                      f"{self.pos}, past the end of the file ({self.size} bytes)")
+
+    def scalar(self, code: str, what: str):
+        n = struct.calcsize("<" + code)
+        self.need(n, what)
+        (v,) = struct.unpack_from("<" + code, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def string(self, what: str, strict: bool = True) -> str:
+        n = self.scalar("Q", what)
+        self.need(n, what)
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return bytes(raw).decode("utf-8", "strict" if strict else "surrogateescape")
+        except UnicodeDecodeError:
+            self.fail(f"corrupted GGUF: {what} is not valid UTF-8")
+
+    def value(self, vtype: int, what: str, depth: int = 0):
+        try:
+            vtype = GGUFValueType(vtype)
+        except ValueError:
+            self.fail(f"corrupted GGUF: {what} has unknown value type {vtype}")
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype], what)
+        if vtype == GGUFValueType.STRING:
+            return self.string(what, strict=False)
+        # ARRAY: u32 item type, u64 count, items
+        if depth >= _MAX_NESTING:
+            self.fail(f"corrupted GGUF: {what} nests arrays more than {_MAX_NESTING} deep")
+        itype = self.scalar("I", what)
+        count = self.scalar("Q", what)
+        if itype in _SCALARS.keys():
+            code = _SCALARS[GGUFValueType(itype)]
+            n = struct.calcsize("<" + code)
+            self.need(count * n, f"{what} ({count} items)")
+            dt = np.dtype("?" if code == "?" else "<" + code)
+            arr = np.frombuffer(self.buf, dt, count, self.pos).copy()
+            self.pos += count * n
+            return arr
+        # strings (>= 8 bytes each) or nested arrays (>= 12 bytes each)
+        self.need(count * 8, f"{what} ({count} items)")
+        if itype == GGUFValueType.STRING:
+            return self._strings(count, what)
+        return [self.value(itype, what, depth + 1) for _ in range(count)]
+
+    def _strings(self, count: int, what: str) -> list[str]:
+        buf, unpack, size = self.buf, struct.Struct("<Q").unpack_from, self.size
+        pos = self.pos
+        out = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, what)
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                self.need(n, what)
+            append(buf[pos:pos + n].decode("utf-8", "surrogateescape"))
+            pos += n
+        self.pos = pos
+        return out
+
+
+def _open(path: str):
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise WeightsError(f"{path}: empty file, not a GGUF file")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), size
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise WeightsError(f"{path}: is a directory, not a GGUF file") from None
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _parse(path: str, buf, size: int, tensors: bool = True) -> _Header:
+    c = _Cursor(path, buf, size)
+    c.need(4, "the magic")
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        c.fail(f"not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')")
+    c.pos = 4
+    version = c.scalar("I", "the version")
+    if version & 0xFFFF == 0 and version:
+        c.fail("big-endian GGUF files are not supported")
+    if version not in _VERSIONS:
+        c.fail(f"GGUF version {version} is not supported (supported: 2, 3)")
+    n_tensors = c.scalar("Q", "the tensor count")
+    n_kv = c.scalar("Q", "the metadata count")
+    # Each key/value takes at least 13 bytes and each tensor info 32: refuse counts the
+    # file cannot hold before looping over them.
+    c.need(n_kv * 13 + n_tensors * 32, f"{n_kv} metadata entries and {n_tensors} tensor infos")
+
+    metadata: dict = {}
+    for i in range(n_kv):
+        key = c.string(f"metadata key #{i}")
+        vtype = c.scalar("I", f"the type of metadata {key!r}")
+        if key in metadata:
+            c.fail(f"corrupted GGUF: metadata key {key!r} appears twice")
+        metadata[key] = c.value(vtype, f"metadata {key!r}")
+
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
+            or alignment & (alignment - 1)):
+        c.fail(f"corrupted GGUF: general.alignment {alignment!r} is not a power of two")
+    if not tensors:
+        return _Header(metadata, [], None, alignment)
+
+    infos = []
+    seen = set()
+    for i in range(n_tensors):
+        name = c.string(f"tensor name #{i}")
+        if name in seen:
+            c.fail(f"corrupted GGUF: tensor {name!r} appears twice")
+        seen.add(name)
+        n_dims = c.scalar("I", f"tensor {name!r} dims")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            c.fail(f"corrupted GGUF: tensor {name!r} has {n_dims} dimensions "
+                   f"(1 to {_MAX_DIMS} allowed)")
+        ne = tuple(c.scalar("Q", f"tensor {name!r} dims") for _ in range(n_dims))
+        gtype = c.scalar("I", f"tensor {name!r} type")
+        offset = c.scalar("Q", f"tensor {name!r} offset")
+        infos.append((name, ne, gtype, offset))
+    data_start = c.pos + (-c.pos % alignment)
+    return _Header(metadata, infos, data_start, alignment)
+
+
+def read_gguf_metadata(path) -> dict:
+    """The key/value metadata of a GGUF file, without touching its tensors.
+
+    Values are Python scalars (int, float, bool, str), NumPy arrays for numeric
+    arrays (e.g. ``tokenizer.ggml.scores``), lists of str for string arrays
+    (``tokenizer.ggml.tokens``) and lists for nested arrays.
+
+    Example::
+
+        meta = read_gguf_metadata("gemma-3-270m.gguf")
+        meta["general.architecture"], meta["gemma3.embedding_length"]   # 'gemma3', 640
+
+    Raises:
+        WeightsError: missing, truncated, corrupted or foreign file.
+    """
+    path = os.fspath(path)
+    buf, size = _open(path)
+    meta = _parse(path, buf, size, tensors=False).metadata
+    meta["maxdecl.format"] = "gguf"
+    return meta
+
+
+def load_gguf(path) -> TensorDict:
+    """Map every tensor of a GGUF file into a TensorDict keyed by its GGUF name.
+
+    F32/F16/F64 and integer tensors become read-only arrays of shape
+    ``reversed(ne)``; BF16 and block-quantized tensors (Q4_0, Q5_0, Q8_0, Q4_K,
+    Q6_K, or any encoding registered under the GGML type's lower-case name)
+    become ``QuantizedTensor`` s over the mapped bytes, without a copy.
+    ``td.metadata`` holds the file's key/values (see ``read_gguf_metadata``).
+
+    Raises:
+        WeightsError: missing, truncated, corrupted or foreign file, or a tensor
+            of a GGML type no registered encoding handles (named with its type).
+    """
+    path = os.fspath(path)
+    buf, size = _open(path)
+    header = _parse(path, buf, size)
+    metadata = header.metadata
+    metadata["maxdecl.format"] = "gguf"
+    td = TensorDict(metadata=metadata)
+    for name, ne, gtype, offset in header.tensors:
+        td[name] = _tensor(path, buf, size, header, name, ne, gtype, offset)
+    return td
+
+
+def _tensor(path, buf, size, header, name, ne, gtype, offset):
+    where = f"{path}: tensor {name!r}"
+    try:
+        gtype = GGMLQuantizationType(gtype)
+    except ValueError:
+        raise WeightsError(f"{where}: unknown GGML type {gtype}") from None
+    if offset % header.alignment:
+        raise WeightsError(f"{where}: offset {offset} is not a multiple of the alignment "
+                           f"{header.alignment}: corrupted file")
+    shape = tuple(int(d) for d in reversed(ne))
+    n_elements = 1
+    for d in ne:
+        n_elements *= d
+    start = header.data_start + offset
+
+    if gtype in _ARRAY_TYPES:
+        dt = _ARRAY_TYPES[gtype]
+        nbytes = n_elements * dt.itemsize
+        _check_range(where, start, nbytes, size)
+        return np.frombuffer(buf, dt, n_elements, start).reshape(shape)
+
+    enc = _encoding(where, gtype)
+    block_elements, block_bytes = GGML_QUANT_SIZES[gtype]
+    if ne[0] % block_elements:
+        raise WeightsError(f"{where}: {gtype.name} row length {ne[0]} is not a multiple of "
+                           f"the block size {block_elements}: corrupted file")
+    row_bytes = ne[0] // block_elements * block_bytes
+    nbytes = n_elements // block_elements * block_bytes
+    _check_range(where, start, nbytes, size)
+    data = np.frombuffer(buf, np.uint8, nbytes, start).reshape(*shape[:-1], row_bytes)
+    try:
+        return QuantizedTensor(data, shape, enc)
+    except (QuantizationError, MaxdeclError) as e:
+        raise WeightsError(f"{where}: {e}") from None
+
+
+def _encoding(where: str, gtype: GGMLQuantizationType) -> str:
+    """The registered encoding for a GGML block type, checked against GGML's block sizes."""
+    from .. import codecs
+
+    name = gtype.name.lower()
+    try:
+        enc = codecs.get(name)
+    except QuantizationError:
+        supported = sorted(t.name for t in GGMLQuantizationType
+                           if t in _ARRAY_TYPES or t.name.lower() in codecs.names())
+        raise WeightsError(f"{where}: GGML type {gtype.name} is not supported "
+                           f"(supported: {', '.join(supported)})") from None
+    if (int(enc.block_elements), int(enc.block_bytes)) != tuple(GGML_QUANT_SIZES[gtype]):
+        raise WeightsError(
+            f"{where}: encoding {name!r} has blocks of {enc.block_elements} elements / "
+            f"{enc.block_bytes} bytes but GGML {gtype.name} uses {GGML_QUANT_SIZES[gtype]}")
+    return name
+
+
+def _check_range(where: str, start: int, nbytes: int, size: int) -> None:
+    if start + nbytes > size:
+        raise WeightsError(f"{where}: data [{start}, {start + nbytes}) lies past the end of the "
+                           f"file ({size} bytes): the file is truncated")

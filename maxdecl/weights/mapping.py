@@ -1,0 +1,213 @@
+"""Rename foreign weights to a spec's names and apply its declared transforms.
+
+A spec declares, per foreign format, a name mapping and transforms::
+
+    tensors:                                     # source pattern -> target pattern
+      "model.embed_tokens.weight": "token_embd.weight"
+      "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight"
+      "model.rotary_emb.inv_freq": null          # null: drop this source tensor
+    transforms:                                  # glob on the *target* name -> transforms
+      "blk.*.attn_q.weight": {permute_qk: n_heads}
+      "blk.*.attn_k.weight": {permute_qk: n_kv_heads}
+      "blk.*.attn_norm.weight": {add: 1.0}
+
+``{i}`` (any ``{name}``) matches a non-negative integer and is substituted into
+the target. Transforms, applied in declaration order:
+
+- ``permute_qk: n`` -- Hugging Face Llama stores each head's q/k rows as two
+  halves (rotate-half rope); GGUF / Meta interleave them in pairs. Rows of head
+  ``h`` are reshaped to ``(n, 2, rows_per_head // 2, ...)`` and axes 1, 2 swapped,
+  as llama.cpp's ``convert_hf_to_gguf.py`` does (``n`` = n_kv_heads for k).
+  Works on arrays and on QuantizedTensors (whole rows move).
+- ``add: c`` -- ``w + c`` in float32 (Gemma: HF stores ``w``, GGUF ``1 + w``).
+- ``transpose: true`` -- swap the two axes of a 2-D tensor (arrays, bf16).
+
+A transform value that is a string names a parameter in ``params``
+(``n_heads`` or ``"{n_heads}"``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..tensors import QuantizedTensor, TensorDict
+
+__all__ = ["remap", "permute_qk", "TRANSFORMS"]
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _compile(source: str) -> re.Pattern:
+    parts, last, seen = [], 0, set()
+    for m in _PLACEHOLDER.finditer(source):
+        parts.append(re.escape(source[last:m.start()]))
+        name = m.group(1)
+        parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>0|[1-9][0-9]*)")
+        seen.add(name)
+        last = m.end()
+    parts.append(re.escape(source[last:]))
+    return re.compile("".join(parts))
+
+
+def permute_qk(w, n_heads: int):
+    """Hugging Face q/k rows (halves per head) -> GGUF/Meta rows (interleaved pairs).
+
+    ``w`` has ``n_heads * head_dim`` rows (axis 0); within each head, row
+    ``half * head_dim/2 + j`` moves to row ``2 * j + half``.
+    """
+    if isinstance(w, QuantizedTensor):
+        if len(w.shape) < 2:
+            raise WeightsError(f"permute_qk: a {w.encoding} tensor needs rows to permute, "
+                               f"got shape {list(w.shape)}")
+        return QuantizedTensor(permute_qk(w.data, n_heads), w.shape, w.encoding)
+    w = np.asarray(w)
+    rows = w.shape[0] if w.ndim else 0
+    if n_heads <= 0 or rows % (2 * n_heads):
+        raise WeightsError(f"permute_qk: {rows} rows cannot be split into {n_heads} heads "
+                           "of an even size")
+    out = w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2)
+    return np.ascontiguousarray(out).reshape(w.shape)
+
+
+def _add(w, c):
+    base = w.dequantize() if isinstance(w, QuantizedTensor) else np.asarray(w, np.float32)
+    return (base + np.float32(c)).astype(np.float32)
+
+
+def _transpose(w, flag):
+    if not flag:
+        return w
+    if isinstance(w, QuantizedTensor):
+        if w.encoding != "bf16" or len(w.shape) != 2:
+            raise WeightsError(f"transpose: a {w.encoding} tensor of shape {list(w.shape)} "
+                               "cannot be transposed in its packed form")
+        u16 = np.ascontiguousarray(w.data).view("<u2").reshape(w.shape)
+        t = np.ascontiguousarray(u16.T)
+        return QuantizedTensor(t.view(np.uint8).reshape(t.shape[0], -1), t.shape, "bf16")
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise WeightsError(f"transpose: expects a 2-D tensor, got shape {list(w.shape)}")
+    return np.ascontiguousarray(w.T)
+
+
+TRANSFORMS = {
+    "permute_qk": lambda w, n: permute_qk(w, int(n)),
+    "add": _add,
+    "transpose": _transpose,
+}
+
+
+def _param(value, params: dict, where: str):
+    if isinstance(value, str):
+        key = value[1:-1] if value.startswith("{") and value.endswith("}") else value
+        if key not in params:
+            raise WeightsError(f"{where}: unknown parameter {value!r} "
+                               f"(known: {', '.join(sorted(params)) or 'none'})")
+        return params[key]
+    return value
+
+
+def _fmt_names(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return f"{len(names)} ({shown}{', ...' if len(names) > limit else ''})"
+
+
+def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None = None,
+          expected=None) -> TensorDict:
+    """Rename ``td``'s tensors by the ``tensors`` patterns and apply ``transforms``.
+
+    Args:
+        td: source TensorDict (e.g. Hugging Face names).
+        tensors: ``{source pattern: target pattern or None}``; ``{i}`` matches an integer.
+        transforms: ``{glob on target name: {transform: value, ...}}``.
+        params: values for transform parameters given by name (``n_heads``).
+        expected: optional target names that must all be produced.
+
+    Returns:
+        A new TensorDict with target names; untransformed values are shared with
+        ``td`` (no copy); ``metadata`` is a copy of ``td.metadata``.
+
+    Raises:
+        WeightsError: one error listing every source tensor no pattern maps
+            ("unexpected") and every expected target not produced ("missing"),
+            first few of each with counts; or a transform that does not apply.
+
+    Example::
+
+        hf = md.load_weights("llama-hf/")
+        td = remap(hf, {"model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight"},
+                   {"blk.*.attn_q.weight": {"permute_qk": "n_heads"}}, {"n_heads": 32})
+    """
+    transforms = transforms or {}
+    params = params or {}
+    exact = {s: t for s, t in tensors.items() if not _PLACEHOLDER.search(s)}
+    patterns = [(_compile(s), s, t) for s, t in tensors.items() if _PLACEHOLDER.search(s)]
+    for s, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, str):
+            raise WeightsError(f"mapping {s!r}: target must be a string or null, got {t!r}")
+        extra = set(_PLACEHOLDER.findall(t)) - set(_PLACEHOLDER.findall(s))
+        if extra:
+            raise WeightsError(f"mapping {s!r} -> {t!r}: target uses {{{sorted(extra)[0]}}} "
+                               "which the source pattern does not capture")
+
+    renamed: dict[str, str] = {}      # target -> source
+    unexpected: list[str] = []
+    for name in td.keys():
+        if name in exact:
+            target = exact[name]
+        else:
+            for rx, _, t in patterns:
+                m = rx.fullmatch(name)
+                if m:
+                    target = None if t is None else _PLACEHOLDER.sub(
+                        lambda p: str(int(m.group(p.group(1)))), t)
+                    break
+            else:
+                unexpected.append(name)
+                continue
+        if target is None:
+            continue
+        if target in renamed:
+            raise WeightsError(f"mapping: {renamed[target]!r} and {name!r} both map to "
+                               f"{target!r}")
+        renamed[target] = name
+
+    missing = [t for t in (expected or ()) if t not in renamed]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {_fmt_names(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {_fmt_names(unexpected)}")
+        raise WeightsError("weights do not match the spec's mapping: " + "; ".join(parts))
+
+    import copy
+
+    out = TensorDict(metadata=copy.deepcopy(getattr(td, "metadata", {})))
+    for target, source in renamed.items():
+        value = td[source]
+        for glob, spec in transforms.items():
+            if not fnmatch.fnmatchcase(target, glob):
+                continue
+            if not isinstance(spec, dict):
+                raise WeightsError(f"transforms {glob!r}: a mapping of transform: value "
+                                   f"expected, got {spec!r}")
+            for kind, raw in spec.items():
+                fn = TRANSFORMS.get(kind)
+                where = f"{target} (from {source}): {kind}"
+                if fn is None:
+                    raise WeightsError(f"{where}: unknown transform (known: "
+                                       f"{', '.join(TRANSFORMS)})")
+                arg = _param(raw, params, where)
+                try:
+                    value = fn(value, arg)
+                except (WeightsError, ValueError, TypeError) as e:
+                    raise WeightsError(f"{target} (from {source}): {e}") from None
+        out[target] = value
+    return out

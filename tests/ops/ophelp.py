@@ -1,0 +1,36 @@
+"""Helpers for op tests: build a one-op graph from NumPy inputs, run it, compare."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import maxdecl as md
+
+
+def run_op(fn, *arrays, **attrs):
+    """``fn(*graph_inputs, **attrs)`` on a fresh graph; returns the outputs as arrays.
+
+    Arrays become graph inputs (so shapes are checked at run time too); ``None``
+    passes through (optional inputs).
+    """
+    types = [md.TensorType(md.DType.from_numpy(a.dtype), a.shape)
+             for a in arrays if a is not None]
+    g = md.Graph("t", input_types=types)
+    it = iter(g.inputs)
+    vals = [None if a is None else next(it) for a in arrays]
+    out = fn(*vals, **attrs)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    g.output(outs)
+    res = g.execute(*[a for a in arrays if a is not None])
+    return res if len(res) > 1 else res[0]
+
+
+def close(a, b, atol=1e-5, rtol=1e-5, label=""):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape, f"{label}: shape {a.shape} vs {b.shape}"
+    if a.size:
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        tol = atol + rtol * np.abs(b.astype(np.float64))
+        bad = np.argwhere(diff > tol)
+        assert not len(bad), (f"{label}: max diff {diff.max():.3g}, first mismatch at "
+                              f"{tuple(bad[0])}: {a[tuple(bad[0])]} vs {b[tuple(bad[0])]}")

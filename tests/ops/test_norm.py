@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maxdecl as md
+from ophelp import close, run_op
+
+
+@pytest.mark.parametrize("with_beta", [True, False])
+def test_layer_norm_matches_torch(rng, with_beta):
+    x = (rng.standard_normal((2, 5, 48)) * 3 + 1).astype(np.float32)
+    g = rng.standard_normal(48).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32) if with_beta else None
+    out = run_op(lambda *v: md.ops.layer_norm(*v, epsilon=1e-3), x, g, b)
+    ref = F.layer_norm(torch.from_numpy(x), (48,), torch.from_numpy(g),
+                       None if b is None else torch.from_numpy(b), eps=1e-3)
+    close(out, ref.numpy(), atol=1e-5)
+
+
+def test_rms_norm_matches_torch(rng):
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    out = run_op(md.ops.rms_norm, x, w)
+    ref = F.rms_norm(torch.from_numpy(x), (64,), torch.from_numpy(w), eps=1e-6)
+    close(out, ref.numpy(), atol=1e-5)
+
+
+def test_norm_float16_computes_in_float32(rng):
+    x = rng.standard_normal((4, 32)).astype(np.float16)
+    w = np.ones(32, np.float16)
+    out = run_op(md.ops.rms_norm, x, w)
+    assert out.dtype == np.float16
+    ref = x.astype(np.float32) / np.sqrt((x.astype(np.float32) ** 2).mean(-1, keepdims=True) + 1e-6)
+    close(out, ref.astype(np.float16), atol=2e-3, rtol=2e-3)
+
+
+def test_norm_weight_size_mismatch():
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 64)), md.TensorType("float32", (32,))])
+    with g.layer("blk"):
+        with pytest.raises(md.GraphError,
+                           match=r"blk: rms_norm: weight\[32\] must be 1-D of size 64"):
+            md.ops.rms_norm(*g.inputs)

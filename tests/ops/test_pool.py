@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maxdecl as md
+from ophelp import close, run_op
+
+
+def nhwc(a):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+def nchw(a):
+    return np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+
+
+def naive_pool(x, k, s, d, pad, ceil_mode, mode, count_boundary=True):
+    """Obviously-correct NumPy reference on NHWC input (the op's definition)."""
+    from maxdecl.ops.conv import window_out_size
+    n, h, w, c = x.shape
+    oh = window_out_size(h, k[0], s[0], d[0], pad[0], pad[1], ceil_mode)
+    ow = window_out_size(w, k[1], s[1], d[1], pad[2], pad[3], ceil_mode)
+    out = np.zeros((n, oh, ow, c), np.float64)
+    for i in range(oh):
+        for j in range(ow):
+            hs = [i * s[0] - pad[0] + r * d[0] for r in range(k[0])]
+            ws = [j * s[1] - pad[2] + t * d[1] for t in range(k[1])]
+            hin = [y for y in hs if 0 <= y < h]
+            win = [z for z in ws if 0 <= z < w]
+            taps = x[:, hin][:, :, win].reshape(n, -1, c)
+            if mode == "max":
+                out[:, i, j] = taps.max(1) if taps.shape[1] else -np.inf
+            else:
+                if count_boundary:
+                    cnt = (sum(-pad[0] <= y < h + pad[1] for y in hs)
+                           * sum(-pad[2] <= z < w + pad[3] for z in ws))
+                else:
+                    cnt = len(hin) * len(win)
+                out[:, i, j] = taps.sum(1) / cnt if cnt else 0
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pools_match_torch(seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 5))
+    s = int(rng.integers(1, 4))
+    p = int(rng.integers(0, k // 2 + 1))       # torch allows pad <= k/2
+    ceil = bool(rng.integers(0, 2))
+    cip = bool(rng.integers(0, 2))
+    h, w = (int(v) for v in rng.integers(k, 11, 2))
+    x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
+    t = torch.from_numpy(x)
+    ref = F.avg_pool2d(t, k, s, p, ceil_mode=ceil, count_include_pad=cip).numpy()
+    out = run_op(lambda v: md.ops.avg_pool(v, k, stride=s, padding=p, ceil_mode=ceil,
+                                           count_boundary=cip), nhwc(x))
+    close(nchw(out), ref, atol=1e-5, label=f"avg k{k} s{s} p{p} ceil{ceil} cip{cip}")
+    d = int(rng.integers(1, 3))
+    if (k - 1) * d + 1 <= min(h, w) + 2 * p:
+        ref = F.max_pool2d(t, k, s, p, dilation=d, ceil_mode=ceil).numpy()
+        out = run_op(lambda v: md.ops.max_pool(v, k, stride=s, padding=p, dilation=d,
+                                               ceil_mode=ceil), nhwc(x))
+        close(nchw(out), ref, label=f"max k{k} s{s} p{p} d{d} ceil{ceil}")
+
+
+def test_ceil_mode_drops_window_starting_in_padding(rng):
+    # torch: 5 + 1 padding, k=2, s=2, ceil: the 4th window would start at 6 = in padding
+    x = rng.standard_normal((1, 1, 5, 5)).astype(np.float32)
+    ref = F.avg_pool2d(torch.from_numpy(x), 2, 2, 1, ceil_mode=True).numpy()
+    out = run_op(lambda v: md.ops.avg_pool(v, 2, stride=2, padding=1, ceil_mode=True), nhwc(x))
+    assert out.shape == (1, 3, 3, 1) == nhwc(ref).shape
+    close(nchw(out), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("cb", [True, False])
+def test_asymmetric_padding_and_dilation_match_reference(rng, cb):
+    x = rng.standard_normal((2, 7, 6, 3)).astype(np.float32)
+    kw = dict(kernel_size=(3, 2), stride=(2, 1), dilation=(2, 1), padding=(0, 2, 1, 0),
+              ceil_mode=True)
+    out = run_op(lambda v: md.ops.avg_pool(v, count_boundary=cb, **kw), x)
+    ref = naive_pool(x, (3, 2), (2, 1), (2, 1), (0, 2, 1, 0), True, "avg", cb)
+    close(out, ref, atol=1e-5)
+    out = run_op(lambda v: md.ops.max_pool(v, **kw), x)
+    close(out, naive_pool(x, (3, 2), (2, 1), (2, 1), (0, 2, 1, 0), True, "max"))
+
+
+def test_max_pool_integers_and_nan():
+    x = np.arange(16, dtype=np.uint8).reshape(1, 4, 4, 1)
+    out = run_op(lambda v: md.ops.max_pool(v, 2, stride=2), x)
+    assert out.dtype == np.uint8 and out[0, :, :, 0].tolist() == [[5, 7], [13, 15]]
+    y = np.zeros((1, 2, 2, 1), np.float32)
+    y[0, 0, 1, 0] = np.nan
+    assert np.isnan(run_op(lambda v: md.ops.max_pool(v, 2), y)).all()
+
+
+def test_pool_attribute_forms():
+    g = md.Graph("t", [md.TensorType("float32", (1, 9, 9, 2))])
+    a = md.ops.avg_pool(g.inputs[0], 3, stride=2, padding=1)
+    b = md.ops.avg_pool(g.inputs[0], (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
+    assert a.node.attrs == b.node.attrs and a.shape == (1, 5, 5, 2)
+    with pytest.raises(md.GraphError, match="NHWC input of rank 4"):
+        md.ops.max_pool(md.ops.reshape(g.inputs[0], (9, 9, 2)), 2)

@@ -1,0 +1,242 @@
+"""qmatmul (API.md section 3): ``x @ dequantize(w_q).T`` on packed GGML blocks.
+
+References are float64 ``x @ gguf.quants.dequantize(bytes).T``. The error bound is
+float32 rounding of a K-term dot product, taken relative to ``|x| @ |W|.T``.
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf import quants as gq
+
+import maxdecl as md
+
+F32 = md.DType.float32
+FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16"]
+BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
+         "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2)}
+TOL = 2e-6  # |out - ref| <= TOL * (|x| @ |W|.T): float32 rounding, far below one quant step
+
+
+def _packed(enc, n, k, rng):
+    """GGML bytes (n, k // be * bb) for ``enc``: gguf-py's quantizer, or random K-quant
+    blocks with sane fp16 scales (gguf-py has no K-quant quantizer)."""
+    be, bb = BLOCK[enc]
+    if enc in ("q4_k", "q6_k"):
+        nb = k // be
+        raw = rng.integers(0, 256, (n, nb, bb), dtype=np.uint8)
+        scales = (rng.standard_normal((n, nb, 2)) * 0.02).astype(np.float16).view(np.uint8)
+        if enc == "q4_k":
+            raw[..., 0:4] = scales                    # d, dmin
+        else:
+            raw[..., 208:210] = scales[..., 0:2]      # d
+        return raw.reshape(n, nb * bb)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    return gq.quantize(w, getattr(GT, enc.upper()))
+
+
+def _reference(x, data, enc):
+    w = gq.dequantize(data, getattr(GT, enc.upper())).astype(np.float64)
+    x64 = x.astype(np.float64)
+    return x64 @ w.T, np.abs(x64) @ np.abs(w).T
+
+
+def _run(x, qt):
+    g = md.Graph("t", input_types=[md.TensorType(F32, x.shape)])
+    with g.layer("proj"):
+        y = md.ops.qmatmul(g.inputs[0], g.constant(qt))
+    g.output(y)
+    return g.execute(x)[0]
+
+
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("enc", FAST)
+def test_matches_gguf_reference(enc, m):
+    rng = np.random.default_rng(zlib.crc32(f"{enc}/{m}".encode()))
+    be = BLOCK[enc][0]
+    k = be * int(rng.integers(2, 5)) if be > 1 else int(rng.integers(40, 300))
+    n = int(rng.integers(1, 70))
+    data = _packed(enc, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out = _run(x, md.QuantizedTensor(data, (n, k), enc))
+    ref, scale = _reference(x, data, enc)
+    assert out.shape == (m, n) and out.dtype == np.float32
+    rel = np.abs(out - ref).max() / np.abs(ref).max()
+    bound = (np.abs(out - ref) / scale).max()
+    print(f"{enc} M={m} K={k} N={n}: max relative error {rel:.2e} (vs |x||W|: {bound:.2e})")
+    assert bound <= TOL, f"{enc} M={m}: error {bound:.2e} of |x||W| (max rel {rel:.2e})"
+
+
+@pytest.mark.parametrize("enc", FAST)
+def test_many_tiles_and_leading_dims(enc, monkeypatch):
+    from maxdecl.kernels import qmatmul as kq
+
+    monkeypatch.setattr(kq, "TILE_BYTES", 1)           # 8 rows per tile: many tiles, a ragged end
+    rng = np.random.default_rng(7)
+    be = BLOCK[enc][0]
+    k, n = (512 if be > 1 else 96), 29
+    data = _packed(enc, n, k, rng)
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
+    out = _run(x, md.QuantizedTensor(data, (n, k), enc))
+    ref, scale = _reference(x.reshape(-1, k), data, enc)
+    assert out.shape == (2, 3, n)
+    assert (np.abs(out.reshape(-1, n) - ref) / scale).max() <= TOL
+
+
+@pytest.mark.parametrize("enc", FAST)
+def test_tile_decoder_is_bit_exact(enc):
+    from maxdecl.kernels import qmatmul as kq
+
+    rng = np.random.default_rng(3)
+    k = 512 if BLOCK[enc][0] > 1 else 64
+    data = _packed(enc, 12, k, rng)
+    want = gq.dequantize(data, getattr(GT, enc.upper()))
+    got = kq.dequantize_rows(data, enc, k, 2, 11)
+    np.testing.assert_array_equal(got.view(np.uint32), want[2:11].view(np.uint32))
+
+
+def test_graph_quantize_then_qmatmul():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((48, 256)).astype(np.float32)
+    g = md.Graph("t", input_types=[md.TensorType(F32, ("seq", 256))])
+    with g.layer("fc"):
+        wq = g.quantize(w, "q4_0")
+        assert wq.is_quantized and wq.encoding == "q4_0" and wq.logical_shape == (48, 256)
+        y = md.ops.qmatmul(g.inputs[0], wq)
+    assert y.shape == ("seq", 48) and y.dtype == F32
+    g.output(y)
+    for m in (1, 5):
+        x = rng.standard_normal((m, 256)).astype(np.float32)
+        (out,) = g.execute(x)
+        data = gq.quantize(w, GT.Q4_0)
+        ref, scale = _reference(x, data, "q4_0")
+        assert (np.abs(out - ref) / scale).max() <= TOL
+        # and close to the unquantized product, as q4_0 allows
+        assert np.abs(out - x @ w.T).max() < 0.2 * np.abs(x @ w.T).max()
+
+
+def test_weight_bound_at_execute():
+    rng = np.random.default_rng(1)
+    data = _packed("q6_k", 16, 256, rng)
+    g = md.Graph("t", input_types=[md.TensorType(F32, (1, 256))])
+    with g.layer("blk.0.attn_q"):
+        w = g.weight("blk.0.attn_q.weight", md.TensorType(F32, (16, 256)), encoding="q6_k")
+        y = md.ops.qmatmul(g.inputs[0], w)
+    g.output(y)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    td = md.TensorDict({"blk.0.attn_q.weight": md.QuantizedTensor(data, (16, 256), "q6_k")})
+    (out,) = g.execute(x, weights=td)
+    ref, scale = _reference(x, data, "q6_k")
+    assert (np.abs(out - ref) / scale).max() <= TOL
+
+
+# -- build-time errors ----------------------------------------------------------------
+def _graph_with(x_type, layer="blk.3.attn_q"):
+    g = md.Graph("t", input_types=[x_type])
+    return g, g.inputs[0], layer
+
+
+def test_k_mismatch_names_layer_and_shapes():
+    g, x, layer = _graph_with(md.TensorType(F32, ("seq", 4096)))
+    wq = g.constant(md.QuantizedTensor(np.zeros((4, 4064 // 32 * 18), np.uint8), (4, 4064),
+                                       "q4_0"))
+    with g.layer("blk"), g.layer("3"), g.layer("attn_q"):
+        with pytest.raises(md.GraphError) as e:
+            md.ops.qmatmul(x, wq)
+    msg = str(e.value)
+    assert layer in msg and "qmatmul" in msg
+    assert "x[..., 4096] vs w[4, 4064]: K must match" in msg
+
+
+def test_unquantized_w_is_rejected():
+    g, x, _ = _graph_with(md.TensorType(F32, (2, 64)))
+    w = g.constant(np.ones((8, 64), np.float32))
+    with g.layer("fc"):
+        with pytest.raises(md.GraphError, match=r"fc: qmatmul: .*w must be quantized"):
+            md.ops.qmatmul(x, w)
+
+
+@pytest.mark.parametrize("dtype", [md.DType.float16, md.DType.int32])
+def test_non_float32_x_is_rejected(dtype):
+    g, x, _ = _graph_with(md.TensorType(dtype, (2, 64)))
+    wq = g.constant(md.QuantizedTensor(np.zeros((8, 2 * 34), np.uint8), (8, 64), "q8_0"))
+    with g.layer("fc"):
+        with pytest.raises(md.GraphError, match=r"fc: qmatmul: .*x must be float32"):
+            md.ops.qmatmul(x, wq)
+
+
+def test_3d_quantized_w_is_rejected():
+    g, x, _ = _graph_with(md.TensorType(F32, (2, 32)))
+    wq = g.constant(md.QuantizedTensor(np.zeros((2, 3, 18), np.uint8), (2, 3, 32), "q4_0"))
+    with g.layer("fc"):
+        with pytest.raises(md.GraphError, match=r"fc: qmatmul: .*must be 2-D"):
+            md.ops.qmatmul(x, wq)
+
+
+def test_symbolic_k_mismatch_caught_at_run_time():
+    g = md.Graph("t", input_types=[md.TensorType(F32, (1, "k"))])
+    wq = g.constant(md.QuantizedTensor(np.zeros((4, 2 * 18), np.uint8), (4, 64), "q4_0"))
+    with g.layer("fc"):
+        y = md.ops.qmatmul(g.inputs[0], wq)
+    g.output(y)
+    with pytest.raises(md.GraphError, match=r"fc: qmatmul: .*K must match"):
+        g.execute(np.ones((1, 32), np.float32))
+
+
+# -- a user encoding goes through the tiled fallback -----------------------------------
+class _Int8Rows:
+    """Test encoding: blocks of 4 values = float32 scale + 4 int8 (8 bytes)."""
+
+    name, block_elements, block_bytes = "test_i8x4", 4, 8
+
+    def __init__(self):
+        self.calls = []
+
+    def quantize(self, x):
+        b = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 4)
+        d = np.abs(b).max(-1, keepdims=True) / 127
+        q = np.round(b / np.where(d == 0, 1, d)).astype(np.int8)
+        out = np.concatenate([d.astype(np.float32).view(np.uint8), q.view(np.uint8)], -1)
+        return out.reshape(*x.shape[:-1], -1)
+
+    def dequantize(self, data, shape):
+        self.calls.append(tuple(shape))
+        b = np.asarray(data, np.uint8).reshape(-1, 8)
+        d = b[:, :4].copy().view(np.float32)
+        q = b[:, 4:].view(np.int8).astype(np.float32)
+        return (d * q).reshape(shape)
+
+
+@pytest.fixture
+def user_encoding():
+    enc = _Int8Rows()
+    md.codecs.register(enc)
+    try:
+        yield enc
+    finally:
+        md.codecs.unregister(enc.name)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_user_encoding_uses_tiled_fallback(user_encoding, monkeypatch, m):
+    from maxdecl.kernels import qmatmul as kq
+
+    monkeypatch.setattr(kq, "TILE_BYTES", 1)            # 8 rows per tile
+    rng = np.random.default_rng(5)
+    n, k = 21, 64
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    g = md.Graph("t", input_types=[md.TensorType(F32, (m, k))])
+    with g.layer("fc"):
+        wq = g.quantize(w, user_encoding.name)
+        y = md.ops.qmatmul(g.inputs[0], wq)
+    g.output(y)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    (out,) = g.execute(x)
+    tiles = list(user_encoding.calls)
+    wd = user_encoding.dequantize(user_encoding.quantize(w), (n, k)).astype(np.float64)
+    ref = x.astype(np.float64) @ wd.T
+    scale = np.abs(x.astype(np.float64)) @ np.abs(wd).T
+    assert (np.abs(out - ref) / scale).max() <= TOL
+    assert tiles and max(c[0] for c in tiles) <= 8 and sum(c[0] for c in tiles) == n

@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+import torch
+
+import maxdecl as md
+from ophelp import run_op
+
+
+def test_concat_split_roundtrip(rng):
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    out = run_op(lambda x, y: md.ops.concat([x, y], axis=1), a, b)
+    np.testing.assert_array_equal(out, torch.cat([torch.from_numpy(a), torch.from_numpy(b)], 1))
+    p, q, r = run_op(lambda x: md.ops.split(x, [1, 0, 3], axis=-1), a)
+    np.testing.assert_array_equal(p, a[..., :1])
+    assert q.shape == (2, 3, 0)
+    np.testing.assert_array_equal(r, a[..., 1:])
+
+
+def test_concat_symbolic_dims_and_errors():
+    g = md.Graph("t", [md.TensorType("float32", ("past", 4)), md.TensorType("float32", ("seq", 4)),
+                       md.TensorType("float32", ("seq", 5))])
+    assert md.ops.concat(g.inputs[:2]).shape == ("past+seq", 4)
+    with pytest.raises(md.GraphError, match="dim 1 differs"):
+        md.ops.concat([g.inputs[0], g.inputs[2]])
+    with pytest.raises(md.GraphError, match="sum to 5.*has 4"):
+        md.ops.split(g.inputs[0], [2, 3], axis=1)
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", [
+    ([1], [3], None, None), ([-3, 0], [None, 100], [2, 0], [1, 2]), ([4], [0], [1], [-2]),
+    ([0], [2**62], [1], None)])
+def test_slice_is_python_slicing(rng, starts, ends, axes, steps):
+    x = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    out = run_op(lambda v: md.ops.slice(v, starts, ends, axes, steps), x)
+    idx = [slice(None)] * 3
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        a = axes[i] if axes else i
+        idx[a] = slice(s, e, steps[i] if steps else 1)
+    np.testing.assert_array_equal(out, x[tuple(idx)])
+
+
+def test_gather_tile_select(rng):
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    idx = np.array([[0, -1], [2, 1]], np.int64)
+    out = run_op(lambda v, i: md.ops.gather(v, i, axis=1), x, idx)
+    np.testing.assert_array_equal(out, np.take(x, idx, axis=1))
+    out = run_op(lambda v: md.ops.tile(v, [2, 1, 1, 3]), x)
+    np.testing.assert_array_equal(out, torch.from_numpy(x).tile((2, 1, 1, 3)).numpy())
+    cond = rng.random((4, 1)) > 0.5
+    y = rng.standard_normal((5,)).astype(np.float32)
+    out = run_op(md.ops.select, cond, x, y)
+    np.testing.assert_array_equal(out, torch.where(torch.from_numpy(cond), torch.from_numpy(x),
+                                                   torch.from_numpy(y)).numpy())
+
+
+def test_gather_out_of_range_fails_at_run_time():
+    with pytest.raises(md.GraphError, match="index 7 is out of range"):
+        run_op(lambda v, i: md.ops.gather(v, i), np.zeros((3, 2), np.float32),
+               np.array([7], np.int64))
+
+
+def test_select_needs_bool_cond():
+    g = md.Graph("t", [md.TensorType("float32", (2,))] * 3)
+    with pytest.raises(md.GraphError, match="cond must be bool"):
+        md.ops.select(*g.inputs)
