@@ -20,12 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 
 def _median(fn, repeat):
-    times = []
+    """(median, min, max) wall seconds and the median CPU seconds (all threads) of ``fn()``."""
+    times, cpu = [], []
     for _ in range(repeat):
+        c = time.process_time()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times), min(times), max(times)
+        cpu.append(time.process_time() - c)
+    return statistics.median(times), min(times), max(times), statistics.median(cpu)
 
 
 def main() -> None:
@@ -52,8 +55,10 @@ def main() -> None:
     print(f"{rows} x {k} float32 = {x.size / 1e6:.1f}M elements, numba threads "
           f"{numba.get_num_threads()}; times are medians of {args.repeat} (ours) / "
           f"{args.ref_repeat} (gguf-py) runs, [min-max]")
+    print("ratio: gguf-py / ours median wall time; cpu ratio: the same for CPU time summed over "
+          "threads\n(the fairer figure on a shared machine); GB/s: float32 bytes made or read")
     print(f"{'encoding':8} {'op':10} {'ours ms':>18} {'gguf-py ms':>20} {'ratio':>7} "
-          f"{'ours GB/s':>9}  (GB/s: float32 bytes produced or consumed)")
+          f"{'cpu ratio':>9} {'ours GB/s':>9}")
 
     def fmt(t):
         return f"{t[0] * 1e3:8.1f} [{t[1] * 1e3:4.0f}-{t[2] * 1e3:4.0f}]"
@@ -68,15 +73,16 @@ def main() -> None:
         ours = _median(lambda e=enc, q=q: e.dequantize(q, x.shape), args.repeat)
         ref = _median(lambda q=q, t=qt: gq.dequantize(q, t), args.ref_repeat)
         print(f"{name:8} {'dequantize':10} {fmt(ours)} {fmt(ref):>20} {ref[0] / ours[0]:6.1f}x "
-              f"{x.nbytes / ours[0] / 1e9:9.2f}")
+              f"{ref[3] / ours[3]:8.1f}x {x.nbytes / ours[0] / 1e9:9.2f}")
         ours = _median(lambda e=enc: e.quantize(x), args.repeat)
         try:
             assert np.array_equal(gq.quantize(x, qt), q), name
             ref = _median(lambda t=qt: gq.quantize(x, t), args.ref_repeat)
             ref_s, ratio = fmt(ref), f"{ref[0] / ours[0]:6.1f}x"
+            cpu_ratio = f"{ref[3] / ours[3]:8.1f}x"
         except NotImplementedError:
-            ref_s, ratio = "(no gguf-py quantizer)", "-"
-        print(f"{name:8} {'quantize':10} {fmt(ours)} {ref_s:>20} {ratio:>7} "
+            ref_s, ratio, cpu_ratio = "(no gguf-py quantizer)", "-", "-"
+        print(f"{name:8} {'quantize':10} {fmt(ours)} {ref_s:>20} {ratio:>7} {cpu_ratio:>9} "
               f"{x.nbytes / ours[0] / 1e9:9.2f}")
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ ENCODINGS = ["q4_0", "q4_k", "q6_k", "q8_0"]
 K = 4096
 
 
-def _timeit(fn, reps):
-    """(median, min, max) seconds of ``reps`` calls after one warm-up call."""
-    fn()
+def _timeit(fn, reps, warm=True):
+    """(median, min, max) seconds of ``reps`` calls (after one warm-up call if ``warm``)."""
+    if warm:
+        fn()
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -114,7 +115,7 @@ def main(argv=None):
                 x = rng.standard_normal((m, K)).astype(np.float32)
                 reps = (15 if m == 1 else 5) if not args.quick else 5
                 t, lo, hi = _timeit(lambda: run([x, qt], {}), reps)
-                ta, _, _ = _timeit(lambda: x @ gq.dequantize(data, gt).T, base_reps)
+                ta, _, _ = _timeit(lambda: x @ gq.dequantize(data, gt).T, base_reps, warm=False)
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, reps)
                 wbw = data.nbytes / t
                 pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"

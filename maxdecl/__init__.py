@@ -26,7 +26,7 @@ _LAZY = {
     "validate_spec": ("spec", "validate_spec"),
     "SpecProblem": ("spec", "SpecProblem"),
     "SCHEMA": ("spec.schema", "SCHEMA"),
-    "build": ("build", "build"),
+    "build": ("builder", "build"),
     "load_weights": ("weights", "load_weights"),
     "load_tokenizer": ("pipelines.tokenizer", "load_tokenizer"),
     "generate": ("pipelines.generate", "generate"),

@@ -149,13 +149,13 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    from .build import describe_tree
+    from .builder import describe_tree
     from .spec import load_spec
 
     _need_file(args.spec)
     spec = load_spec(args.spec, variant=args.variant)
     if args.dot:
-        from .build import build
+        from .builder import build
         from .pipelines.dot import to_dot
 
         print(to_dot(build(spec, variant=args.variant)))

@@ -173,6 +173,7 @@ class Graph:
         self.name = name
         self.nodes: list[Node] = []
         self.outputs: list[Value] = []
+        self.output_names: list[str | None] = []
         self.weights: dict[str, Value] = {}
         self._layers: list[str] = []
         self._origin: str | None = None
@@ -261,14 +262,19 @@ class Graph:
             raise GraphError(f"{self.current_layer() or '<root>'}: quantize: {e}") from None
         return self.constant(qt)
 
-    def output(self, *values) -> None:
-        """Mark the graph's outputs (a list or several values)."""
+    def output(self, *values, names=None) -> None:
+        """Mark the graph's outputs (a list or several values); ``names`` label them
+        (``output_names``), defaulting to the values' own names."""
         if len(values) == 1 and isinstance(values[0], (list, tuple)):
             values = tuple(values[0])
         for v in values:
             if not isinstance(v, Value) or v.graph is not self:
                 raise GraphError(f"{self.name}: output {v!r} is not a value of this graph")
         self.outputs = list(values)
+        self.output_names = list(names) if names is not None else [v.name for v in values]
+        if len(self.output_names) != len(self.outputs):
+            raise GraphError(f"{self.name}: {len(self.outputs)} outputs but "
+                             f"{len(self.output_names)} names")
 
     # -- the one place nodes are made -------------------------------------------------
     def _add_node(self, op: str, inputs: list, attrs: dict) -> list[Value]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.build import describe_tree
+from maxdecl.builder import describe_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"

@@ -57,6 +57,11 @@ def _kernels():
     @numba.njit(cache=True, parallel=True)
     def dequantize(b, d, out):
         # b: (nb, 22) u8, d: (nb,) f32 -> out: (nb, 32) f32
+        #
+        # byte  0-1 | 2    3     4     5     | 6 .. 21
+        #       d   | qh: bit j of the LE u32 | qs[j] = q[j] & 15 | (q[j + 16] & 15) << 4
+        #           |  = bit 4 of q[j]        |
+        # x[j] = d * (q[j] - 16),  q[j] = low 4 bits from qs | bit 4 from qh
         for i in numba.prange(b.shape[0]):
             qh = (np.int64(b[i, 2]) | (np.int64(b[i, 3]) << 8)
                   | (np.int64(b[i, 4]) << 16) | (np.int64(b[i, 5]) << 24))

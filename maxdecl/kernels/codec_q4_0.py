@@ -12,6 +12,9 @@ from .config import CACHE, EXACT
 @njit(cache=CACHE, fastmath=EXACT, parallel=True)
 def _q4_0_dequantize(b, table, out):
     # b: (nb, 18) u8, table: (65536,) f32 fp16->f32 -> out: (nb, 32) f32
+    #
+    # byte  0-1 | 2 .. 17
+    #       d   | qs[j] = q[j] (bits 3-0) | q[j + 16] << 4 (bits 7-4);  x = d * (q - 8)
     for i in prange(b.shape[0]):
         d = table[np.int64(b[i, 0]) | (np.int64(b[i, 1]) << 8)]
         for j in range(16):

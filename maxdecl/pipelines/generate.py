@@ -47,7 +47,7 @@ class Session:
     def __init__(self, graph, weights):
         self.graph, self.weights = graph, weights
         names = [v.name for v in graph.inputs]
-        out_names = list(getattr(graph, "output_names", None) or [v.name for v in graph.outputs])
+        out_names = list(graph.output_names)
         for need in ("tokens", "positions"):
             if need not in names:
                 raise MaxdeclError(f"{graph.name}: generation needs a graph input named "

@@ -126,7 +126,7 @@ def load_model(spec, weights=None, variant=None):
     when nothing is found, the spec's ``tiny`` variant runs on seeded random weights
     with a byte tokenizer, and ``note`` says so.
     """
-    from ..build import build
+    from ..builder import build
     from ..spec import Spec, load_spec
     from ..weights import load_weights
     from .generate import Session

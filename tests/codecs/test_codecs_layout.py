@@ -140,3 +140,12 @@ def test_edge_shapes_and_magnitudes(rng):
             with np.errstate(all="ignore"):
                 y = enc.dequantize(enc.quantize(x), x.shape)
             assert y.dtype == np.float32 and y.shape == x.shape
+
+
+def test_kernel_offsets_agree_with_block_tables():
+    from maxdecl.kernels import codec_q4_k, codec_q6_k
+
+    assert codec_q4_k._QS + codec_q4_k.QK_K // 2 == codecs.get("q4_k").block_bytes
+    assert (codec_q4_k._D, codec_q4_k._DMIN, codec_q4_k._SC) == (0, 2, 4)
+    assert codec_q6_k._D + 2 == codecs.get("q6_k").block_bytes
+    assert (codec_q6_k._QH, codec_q6_k._SC) == (128, 192)

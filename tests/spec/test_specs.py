@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import maxdecl as md
-from maxdecl.build import describe_tree
+from maxdecl.builder import describe_tree
 from maxdecl.spec import format_problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +140,7 @@ def test_validate_never_imports_numba_or_numpy():
     code = ("import sys, glob, maxdecl as md\n"
             "bad = [p for f in sorted(glob.glob('specs/*.yaml')) for p in md.validate_spec(f)]\n"
             "md.load_spec('specs/llama3.yaml').program()\n"
-            "from maxdecl.build import describe_tree\n"
+            "from maxdecl.builder import describe_tree\n"
             "describe_tree('specs/gemma3.yaml')\n"
             "print(len(bad), 'numba' in sys.modules, 'numpy' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

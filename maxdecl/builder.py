@@ -15,8 +15,6 @@ state a generation loop feeds back as that input on the next step.
 
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import dataclass, field
 
 from .errors import WeightsError
@@ -100,8 +98,7 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
                         env[vid] = v
         finally:
             scopes.close()
-    g.output([env[vid] for _, vid in prog.outputs])
-    g.output_names = [name for name, _ in prog.outputs]
+    g.output([env[vid] for _, vid in prog.outputs], names=[name for name, _ in prog.outputs])
     g.bound_weights = weights
     g.program = prog
     return g
@@ -254,7 +251,7 @@ def describe_tree(spec, variant: str | None = None, params: dict | None = None) 
 
     Example::
 
-        for r in describe_tree("specs/llama3.yaml", "tiny"):   # maxdecl.build
+        for r in describe_tree("specs/llama3.yaml", "tiny"):   # maxdecl.builder
             print("  " * r.depth + (r.path or "<model>"), r.params, r.bytes)
     """
     from .spec.semantic import known_encodings
@@ -286,14 +283,3 @@ def describe_tree(spec, variant: str | None = None, params: dict | None = None) 
                 r.bytes[step.encoding] = r.bytes.get(step.encoding, 0) + nbytes
     return rows
 
-
-class _CallableModule(types.ModuleType):
-    """``import maxdecl.build`` rebinds ``maxdecl.build`` to this module (the import
-    system sets the package attribute); calling it still builds, so ``md.build(...)``
-    works whichever was imported first."""
-
-    def __call__(self, *args, **kwargs):
-        return build(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,115 @@
+"""The ``maxdecl`` command (API.md section 7): exit codes, one-line errors, subcommands."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import maxdecl as md
+from maxdecl.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECS = sorted(os.path.join(ROOT, "specs", f) for f in os.listdir(os.path.join(ROOT, "specs"))
+               if f.endswith(".yaml"))
+
+
+def test_validate_all_specs_exit_0(capsys):
+    assert main(["validate", *SPECS]) == 0
+    assert f"{len(SPECS)} spec(s) valid" in capsys.readouterr().err
+
+
+def test_validate_invalid_exit_1_with_file_line_col(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    text = open(os.path.join(ROOT, "specs", "mlp.yaml")).read().replace("op: relu", "op: rellu")
+    bad.write_text(text)
+    assert main(["validate", str(bad)]) == 1
+    out = capsys.readouterr().out
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "rellu" in ln)
+    assert f"{bad}:{line}:" in out and "did you mean 'relu'" in out
+
+
+def test_validate_missing_file_exit_2(capsys):
+    assert main(["validate", "no/such/spec.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no/such/spec.yaml" in err
+
+
+@pytest.mark.parametrize("fmt", ["json", "github"])
+def test_validate_machine_formats(tmp_path, capsys, fmt):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("maxdecl: 1\nname: x\nname: y\n")
+    assert main(["validate", "--format", fmt, str(bad)]) == 1
+    out = capsys.readouterr().out
+    if fmt == "json":
+        problems = json.loads(out)
+        assert any(p["line"] == 3 for p in problems)
+    else:
+        assert f"::error file={bad},line=3" in out
+
+
+def test_schema_prints_the_json_schema(capsys):
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == md.SCHEMA
+
+
+def test_graph_prints_layer_tree(capsys):
+    assert main(["graph", os.path.join(ROOT, "specs", "mlp.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "<model>" in out and "fc1" in out and "params" in out
+
+
+def test_inspect_lists_encodings(tmp_path, capsys):
+    td = md.TensorDict({"w": md.QuantizedTensor(np.zeros((2, 18), np.uint8), (2, 32), "q4_0"),
+                        "b": np.ones(3, np.float32)})
+    path = tmp_path / "m.safetensors"
+    md.checkpoint.save(td, str(path))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "q4_0" in out and "float32" in out and "2 tensors" in out
+
+
+def test_errors_are_one_line_without_traceback_unless_debug(tmp_path):
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 5)
+    cmd = [sys.executable, "-m", "maxdecl", "inspect", str(junk)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and str(junk) in res.stderr
+    res = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, cwd=ROOT)
+    assert "Traceback" in res.stderr
+
+
+def test_quantize_then_inspect_round_trip(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    src = md.TensorDict({"a.weight": rng.standard_normal((4, 64)).astype(np.float32),
+                         "a_norm.weight": np.ones(64, np.float32)})
+    md.checkpoint.save(src, str(tmp_path / "src.safetensors"))
+    out = tmp_path / "q.safetensors"
+    assert main(["quantize", str(tmp_path / "src.safetensors"), "-o", str(out),
+                 "--encoding", "q8_0"]) == 0
+    text = capsys.readouterr().out
+    assert "1 tensors quantized, 1 kept" in text
+    td = md.checkpoint.load(str(out))
+    assert td["a.weight"].encoding == "q8_0" and isinstance(td["a_norm.weight"], np.ndarray)
+    want = md.codecs.get("q8_0").quantize(src["a.weight"])
+    np.testing.assert_array_equal(td["a.weight"].data, want)
+
+
+def test_quantize_unknown_encoding_is_one_line_error(tmp_path, capsys):
+    md.checkpoint.save(md.TensorDict({"a": np.ones((2, 32), np.float32)}),
+                       str(tmp_path / "s.safetensors"))
+    assert main(["quantize", str(tmp_path / "s.safetensors"), "-o", str(tmp_path / "o"),
+                 "--encoding", "q4_1x"]) == 1
+    assert "unknown encoding 'q4_1x'" in capsys.readouterr().err
+
+
+def test_run_without_weights_falls_back_to_tiny_random(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", os.path.join(ROOT, "specs", "tinystories.yaml"),
+                 "--max-new-tokens", "3", "--prompt", "Hi"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "seeded random weights" in lines[0]
+    assert "tokens/s" in lines[-1] and "3 generated tokens" in lines[-1]
