@@ -30,6 +30,8 @@ def graph_inputs(g, seq=5, start=0, caches=None, rng=None):
             out.append((rng or np.random.default_rng(1)).integers(0, 200, seq).astype(np.int64))
         elif v.name == "positions":
             out.append(np.arange(start, start + seq, dtype=np.int64))
+        elif v.name == "logit_rows":
+            out.append(np.arange(seq, dtype=np.int64))
         elif v.name in caches:
             out.append(caches[v.name])
         else:
@@ -170,7 +172,7 @@ def test_encodings_come_from_bound_weights_or_spec_rules():
 
 def test_params_override_and_describe_tree():
     g = md.build(SPECS / "llama3.yaml", variant="tiny", params={"n_layers": 1})
-    assert [v.name for v in g.inputs] == ["tokens", "positions", "blk.0.kv_cache"]
+    assert [v.name for v in g.inputs] == ["tokens", "positions", "logit_rows", "blk.0.kv_cache"]
     rows = describe_tree(SPECS / "mlp.yaml")
     assert [(r.path, r.depth) for r in rows] == [("", 0), ("fc1", 1), ("fc2", 1)]
     assert rows[0].params == 32 * 16 + 32 + 8 * 32 + 8

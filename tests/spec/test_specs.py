@@ -60,8 +60,9 @@ def test_llama3_layer_paths_are_gguf_names():
 def test_generation_convention_inputs_and_outputs_pair_up():
     prog = md.load_spec(ROOT / "specs/llama3.yaml", "tiny").program()
     ins = [(p.name, p.dtype, p.shape) for p in prog.inputs]
-    assert ins[:2] == [("tokens", "int64", ("seq",)), ("positions", "int64", ("seq",))]
-    assert ins[2] == ("blk.0.kv_cache", "float32", (2, "past", 2, 64))
+    assert ins[:3] == [("tokens", "int64", ("seq",)), ("positions", "int64", ("seq",)),
+                       ("logit_rows", "int64", ("rows",))]
+    assert ins[3] == ("blk.0.kv_cache", "float32", (2, "past", 2, 64))
     assert [n for n, _ in prog.outputs] == ["logits", "blk.0.kv_cache", "blk.1.kv_cache"]
     assert prog.state == ("blk.0.kv_cache", "blk.1.kv_cache")
 
