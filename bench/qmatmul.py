@@ -98,7 +98,7 @@ def main(argv=None):
     bw, bw_lo, bw_hi = _read_bandwidth()
     print(f"read bandwidth (numba prange sum, 512 MiB f32): {bw / 1e9:.1f} GB/s "
           f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})\n")
-    head = (f"{'enc':5} {'N':>5} {'M':>3} {'ours ms':>9} {'spread':>13} {'W GB/s':>7} "
+    head = (f"{'enc':5} {'N':>5} {'W MB':>5} {'M':>3} {'ours ms':>9} {'spread':>13} {'W GB/s':>7} "
             f"{'%bw':>5} {'(a) ms':>8} {'x(a)':>6} {'(b) ms':>8} {'x(b)':>6}")
     print(head)
     print("-" * len(head))
@@ -119,7 +119,7 @@ def main(argv=None):
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, reps)
                 wbw = data.nbytes / t
                 pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"
-                print(f"{enc:5} {n:5} {m:3} {t * 1e3:9.2f} {lo * 1e3:6.2f}-{hi * 1e3:6.2f} "
+                print(f"{enc:5} {n:5} {data.nbytes / 2**20:5.1f} {m:3} {t * 1e3:9.2f} {lo * 1e3:6.2f}-{hi * 1e3:6.2f} "
                       f"{wbw / 1e9:7.1f} {pct} {ta * 1e3:8.1f} {ta / t:6.1f} "
                       f"{tb * 1e3:8.2f} {tb / t:6.2f}", flush=True)
                 results.append((enc, n, m, t, wbw, ta / t, tb / t))
@@ -129,6 +129,8 @@ def main(argv=None):
           f"(target >= 10x); weight bandwidth / read bandwidth: "
           + ", ".join(f"{r[0]}/{r[1]} {100 * r[4] / bw:.0f}%" for r in gemv)
           + " (target >= 50% for q4_0, q4_k, q6_k)")
+    print("note: a W smaller than the last-level cache (32 MiB on the reference machine) can "
+          "stay cached between repeats, so its GEMV may beat the DRAM read bandwidth")
     print(f"load average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 

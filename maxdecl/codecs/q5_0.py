@@ -55,24 +55,27 @@ def _kernels():
                 out[i, 2 + k] = (qh >> (8 * k)) & 0xFF
 
     @numba.njit(cache=True, parallel=True)
-    def dequantize(b, d, out):
-        # b: (nb, 22) u8, d: (nb,) f32 -> out: (nb, 32) f32
+    def dequantize(b, f16, out):
+        # b: (nb, 22) u8, f16: (65536,) f32 fp16 -> f32 -> out: (nb, 32) f32
         #
         # byte  0-1 | 2    3     4     5     | 6 .. 21
         #       d   | qh: bit j of the LE u32 | qs[j] = q[j] & 15 | (q[j + 16] & 15) << 4
         #           |  = bit 4 of q[j]        |
         # x[j] = d * (q[j] - 16),  q[j] = low 4 bits from qs | bit 4 from qh
         for i in numba.prange(b.shape[0]):
+            d = f16[np.int64(b[i, 0]) | (np.int64(b[i, 1]) << 8)]
             qh = (np.int64(b[i, 2]) | (np.int64(b[i, 3]) << 8)
                   | (np.int64(b[i, 4]) << 16) | (np.int64(b[i, 5]) << 24))
             for j in range(16):
                 q = np.int64(b[i, 6 + j])
                 q0 = (q & 0x0F) | (((qh >> j) & 1) << 4)
                 q1 = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-                out[i, j] = d[i] * np.float32(q0 - 16)
-                out[i, j + 16] = d[i] * np.float32(q1 - 16)
+                out[i, j] = d * np.float32(q0 - 16)
+                out[i, j + 16] = d * np.float32(q1 - 16)
 
-    _KERNELS.update(q=quantize, dq=dequantize)
+    # fp16 -> float32 of every bit pattern (NumPy's exact conversion), read by dequantize
+    f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    _KERNELS.update(q=quantize, dq=dequantize, f16=f16.astype(np.float32))
     return quantize, dequantize
 
 
@@ -130,10 +133,9 @@ class Q5_0Encoding:
                 f"q5_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
                 f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
         blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
-        d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(nb)
         out = np.empty((nb, QK5_0), dtype=np.float32)
         _, dequantize = _kernels()
-        dequantize(blocks, d, out)
+        dequantize(blocks, _KERNELS["f16"], out)
         return out.reshape(shape)
 
 

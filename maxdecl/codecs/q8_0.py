@@ -47,13 +47,16 @@ def _kernels():
                 qs[i, j] = np.int64(r) if abs(r) < np.float32(2147483648.0) else 0
 
     @numba.njit(cache=True, parallel=True)
-    def dequantize(qs, d, out):
-        # qs: (nb, 32) i8, d: (nb,) f32 -> out: (nb, 32) f32
-        for i in numba.prange(qs.shape[0]):
+    def dequantize(b, f16, out):
+        # b: (nb, 34) u8 = fp16 d (bytes 0-1) | int8 q[0..31], f16: (65536,) f32 -> out: (nb, 32)
+        for i in numba.prange(b.shape[0]):
+            d = f16[np.int64(b[i, 0]) | (np.int64(b[i, 1]) << 8)]
             for j in range(QK8_0):
-                out[i, j] = np.float32(qs[i, j]) * d[i]
+                out[i, j] = np.float32(np.int8(b[i, 2 + j])) * d
 
-    _KERNELS.update(q=quantize, dq=dequantize)
+    # fp16 -> float32 of every bit pattern (NumPy's exact conversion), read by dequantize
+    f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    _KERNELS.update(q=quantize, dq=dequantize, f16=f16.astype(np.float32))
     return quantize, dequantize
 
 
@@ -110,10 +113,9 @@ class Q8_0Encoding:
                 f"q8_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
                 f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
         blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
-        d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(nb)
         out = np.empty((nb, QK8_0), dtype=np.float32)
         _, dequantize = _kernels()
-        dequantize(blocks[:, 2:].view(np.int8), d, out)
+        dequantize(blocks, _KERNELS["f16"], out)
         return out.reshape(shape)
 
 

