@@ -35,23 +35,16 @@ def _q6_k_dequantize(b, table, out):
         d = table[np.int64(b[i, _D]) | (np.int64(b[i, _D + 1]) << 8)]
         row = b[i]
         for h in range(2):
-            ql = _QL + 64 * h
-            qh = _QH + 32 * h
-            sc = _SC + 8 * h
-            for l in range(32):
-                s = sc + l // 16
-                a = np.int32(row[ql + l])
-                c = np.int32(row[ql + l + 32])
-                e = np.int32(row[qh + l])
-                q1 = ((a & 0x0F) | ((e & 3) << 4)) - 32
-                q2 = ((c & 0x0F) | (((e >> 2) & 3) << 4)) - 32
-                q3 = ((a >> 4) | (((e >> 4) & 3) << 4)) - 32
-                q4 = ((c >> 4) | (((e >> 6) & 3) << 4)) - 32
-                # (d * sc) * q, the scale as int8; the same product order as GGML and gguf-py
-                out[i, 128 * h + l] = d * np.float32(np.int8(row[s])) * np.float32(q1)
-                out[i, 128 * h + l + 32] = d * np.float32(np.int8(row[s + 2])) * np.float32(q2)
-                out[i, 128 * h + l + 64] = d * np.float32(np.int8(row[s + 4])) * np.float32(q3)
-                out[i, 128 * h + l + 96] = d * np.float32(np.int8(row[s + 6])) * np.float32(q4)
+            for k in range(4):                       # quarter k: floats 128h + 32k + (0..31)
+                lo_at = _QL + 64 * h + 32 * (k & 1)  # ql bytes: l or l + 32
+                lo_shift = 4 * (k >> 1)              # low nibble for k < 2, high for k >= 2
+                hi_shift = 2 * k                     # qh bits 2k+1..2k
+                for half in range(2):                # 16 floats share one int8 scale
+                    ds = d * np.float32(np.int8(row[_SC + 8 * h + 2 * k + half]))
+                    for l in range(16 * half, 16 * half + 16):
+                        lo = (np.int32(row[lo_at + l]) >> lo_shift) & 0x0F
+                        hi = (np.int32(row[_QH + 32 * h + l]) >> hi_shift) & 3
+                        out[i, 128 * h + 32 * k + l] = ds * np.float32((lo | (hi << 4)) - 32)
 
 
 @njit(cache=CACHE, fastmath=EXACT)

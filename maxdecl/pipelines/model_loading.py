@@ -37,6 +37,8 @@ def params_from_metadata(spec, meta: dict) -> dict:
     value (such as ``tokenizer.ggml.tokens``) gives its length.
     """
     fmt = meta.get("maxdecl.format")
+    if fmt == "maxdecl" and "params" not in meta and meta.get("maxdecl.source_format"):
+        fmt = meta["maxdecl.source_format"]      # a re-encoded file keeps its source's metadata
     section = dict(spec.formats.get(fmt, {}) or {})
     out: dict = {}
     if fmt == "gguf":

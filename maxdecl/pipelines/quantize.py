@@ -79,6 +79,31 @@ def quantize_tensordict(td: TensorDict, encoding: str, rules=None, progress=None
     return out, report
 
 
+def spec_rules(spec, encoding: str):
+    """Per-name encoding: the spec's glob overrides first, else ``encoding`` (which
+    takes the place of the spec's default)."""
+    import fnmatch
+
+    def rule(name):
+        for glob, enc, _ in spec.encoding_overrides:
+            if fnmatch.fnmatchcase(name, glob):
+                return spec.encoding_for(name)
+        return encoding
+    return rule
+
+
+def carry_metadata(meta: dict, params: dict, spec_name=None) -> dict:
+    """The source's metadata plus what a later run needs: its format, the spec's
+    hyperparameters read from it, and the spec's name."""
+    out = {k: v for k, v in dict(meta).items() if k != "maxdecl.format"}
+    out["maxdecl.source_format"] = meta.get("maxdecl.format", "")
+    if params:
+        out["params"] = dict(params)
+    if spec_name:
+        out["spec"] = spec_name
+    return out
+
+
 def _progress_bar(done, total, name, stream=sys.stderr, width=30):
     fill = int(width * done / max(total, 1))
     stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name[:40]:<40}")
@@ -93,15 +118,19 @@ def quantize_cli(args) -> int:
     from ..weights import load_weights
 
     codecs.get(args.encoding)  # fail fast on an unknown encoding
-    rules = None
+    td = load_weights(args.src)
+    rules, params = None, {}
     if args.spec:
         from ..spec import load_spec
+        from .model_loading import params_from_metadata, prepare_weights
 
         spec = load_spec(args.spec)
-        rules = lambda name: spec.encoding_for(name, default=args.encoding)  # noqa: E731
-    td = load_weights(args.src)
+        params = params_from_metadata(spec, dict(td.metadata))
+        td = prepare_weights(spec, td, params)   # foreign names -> the spec's names
+        rules = spec_rules(spec, args.encoding)
     t0 = time.perf_counter()
     out, report = quantize_tensordict(td, args.encoding, rules, progress=_progress_bar)
+    out.metadata = carry_metadata(td.metadata, params, args.spec and spec.name)
     checkpoint.save(out, args.output)
     dt = time.perf_counter() - t0
     width = max((len(r[0]) for r in report), default=4)

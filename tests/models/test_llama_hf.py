@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.model_loading import load_model
+from maxdecl.pipelines.model_loading import load_model, params_from_metadata
 
 from modelhelp import (TOL, compare, hf_logits, randomize, save_hf, spec_path, token_ids,
                        without_hf_transforms)
@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 def make_llama(seed=0, tied=False, rope_theta=500000.0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    cfg = dict(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
                max_position_embeddings=64, rope_theta=rope_theta,
                tie_word_embeddings=tied, attn_implementation="eager")
@@ -42,14 +42,12 @@ def test_llama3_config_from_hf(llama):
     model, path, _, _ = llama
     session, _, _ = load_model(spec_path("llama3"), path, variant="tiny")
     shapes = {w: tuple(v.shape) for w, v in session.weights.items()}
-    assert shapes["token_embd.weight"] == (96, 64)            # vocab, dim from config.json
-    assert shapes["blk.1.attn_k.weight"] == (32, 64)          # n_kv_heads 2 * head_dim 16
-    assert shapes["blk.0.ffn_gate.weight"] == (96, 64)
+    assert shapes["token_embd.weight"] == (96, 256)           # vocab, dim from config.json
+    assert shapes["blk.1.attn_k.weight"] == (128, 256)        # n_kv_heads 2 * head_dim 64
+    assert shapes["blk.0.ffn_gate.weight"] == (512, 256)
     assert "blk.2.attn_q.weight" not in shapes                 # n_layers 2
-    params = md.load_spec(spec_path("llama3"))
-    from maxdecl.pipelines.model_loading import params_from_metadata
     meta = md.load_weights(path).metadata
-    got = params_from_metadata(params, meta)
+    got = params_from_metadata(md.load_spec(spec_path("llama3")), meta)
     assert got["rope_theta"] == 500000.0
     assert got["n_kv_heads"] == 2 and got["n_heads"] == 4
     assert got["norm_eps"] == pytest.approx(1e-5)
