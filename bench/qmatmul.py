@@ -1,4 +1,4 @@
-"""qmatmul speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N]``.
+"""qmatmul speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N] [--cpu-time]``.
 
 For q4_0, q4_k, q6_k, q8_0 at K=4096, N in {4096, 14336}, M in {1, 64}: median
 time of ``qmatmul`` (through the op's run), effective weight bandwidth (packed
@@ -6,6 +6,10 @@ bytes of W / time), and ratios against two baselines measured in the same run:
 (a) gguf-py dequantize + numpy matmul, (b) numpy float32 matmul on weights
 decoded beforehand. The machine's read bandwidth (numba parallel sum over
 512 MiB of float32) is measured in the same run as the yardstick for GEMV.
+
+On a shared machine, 2-thread wall times swing with the scheduler; for a steadier
+comparison run one thread on CPU time:
+``OPENBLAS_NUM_THREADS=1 python bench/qmatmul.py --threads 1 --cpu-time``.
 """
 
 from __future__ import annotations
@@ -23,15 +27,18 @@ ENCODINGS = ["q4_0", "q4_k", "q6_k", "q8_0"]
 K = 4096
 
 
+CLOCK = time.perf_counter
+
+
 def _timeit(fn, reps, warm=True):
     """(median, min, max) seconds of ``reps`` calls (after one warm-up call if ``warm``)."""
     if warm:
         fn()
     ts = []
     for _ in range(reps):
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        ts.append(time.perf_counter() - t)
+        ts.append(CLOCK() - t)
     return float(np.median(ts)), min(ts), max(ts)
 
 
@@ -80,7 +87,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="N=4096 only, fewer repeats")
     ap.add_argument("--threads", type=int, default=None, help="numba threads (default: all)")
     ap.add_argument("--encodings", default=",".join(ENCODINGS))
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with process CPU time (meaningful with --threads 1)")
     args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
 
     import numba
     from gguf import GGMLQuantizationType as GT
@@ -93,7 +104,7 @@ def main(argv=None):
         numba.set_num_threads(args.threads)
     run = _registry.get("qmatmul").run
     rng = np.random.default_rng(0)
-    print(f"threads: {numba.get_num_threads()}  load average: "
+    print(f"threads: {numba.get_num_threads()}  clock: {CLOCK.__name__}  load average: "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     bw, bw_lo, bw_hi = _read_bandwidth()
     print(f"read bandwidth (numba prange sum, 512 MiB f32): {bw / 1e9:.1f} GB/s "

@@ -31,20 +31,26 @@ def _q6_k_dequantize(b, table, out):
     #   x[128h + 64 + l] = ql[l]      high nibble | qh[l] bits 5-4 << 4   scale sc[l//16 + 4]
     #   x[128h + 96 + l] = ql[l + 32] high nibble | qh[l] bits 7-6 << 4   scale sc[l//16 + 6]
     # (l in 0..31; every 6-bit q is stored with an offset of 32)
+    # Constant shifts and int32 values keep the l loop vectorised (vcvtdq2ps / vmulps).
     for i in prange(b.shape[0]):
         d = table[np.int64(b[i, _D]) | (np.int64(b[i, _D + 1]) << 8)]
         row = b[i]
+        o = out[i]
         for h in range(2):
-            for k in range(4):                       # quarter k: floats 128h + 32k + (0..31)
-                lo_at = _QL + 64 * h + 32 * (k & 1)  # ql bytes: l or l + 32
-                lo_shift = 4 * (k >> 1)              # low nibble for k < 2, high for k >= 2
-                hi_shift = 2 * k                     # qh bits 2k+1..2k
-                for half in range(2):                # 16 floats share one int8 scale
-                    ds = d * np.float32(np.int8(row[_SC + 8 * h + 2 * k + half]))
-                    for l in range(16 * half, 16 * half + 16):
-                        lo = (np.int32(row[lo_at + l]) >> lo_shift) & 0x0F
-                        hi = (np.int32(row[_QH + 32 * h + l]) >> hi_shift) & 3
-                        out[i, 128 * h + 32 * k + l] = ds * np.float32((lo | (hi << 4)) - 32)
+            for half in range(2):                    # l in 0..15 / 16..31: scales sc[.. + 1]
+                s0 = _SC + 8 * h + half
+                d0 = d * np.float32(np.int8(row[s0]))          # (d * sc) first, as GGML
+                d1 = d * np.float32(np.int8(row[s0 + 2]))
+                d2 = d * np.float32(np.int8(row[s0 + 4]))
+                d3 = d * np.float32(np.int8(row[s0 + 6]))
+                for l in range(16 * half, 16 * half + 16):
+                    a = np.int32(row[_QL + 64 * h + l])
+                    c = np.int32(row[_QL + 64 * h + l + 32])
+                    e = np.int32(row[_QH + 32 * h + l])
+                    o[128 * h + l] = d0 * np.float32(((a & 15) | ((e & 3) << 4)) - 32)
+                    o[128 * h + l + 32] = d1 * np.float32(((c & 15) | ((e & 12) << 2)) - 32)
+                    o[128 * h + l + 64] = d2 * np.float32(((a >> 4) | (e & 48)) - 32)
+                    o[128 * h + l + 96] = d3 * np.float32(((c >> 4) | ((e >> 2) & 48)) - 32)
 
 
 @njit(cache=CACHE, fastmath=EXACT)

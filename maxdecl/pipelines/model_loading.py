@@ -43,6 +43,12 @@ def params_from_metadata(spec, meta: dict) -> dict:
     out: dict = {}
     if fmt == "gguf":
         arch = meta.get("general.architecture", section.get("arch", ""))
+        want = section.get("arch")
+        allowed = want if isinstance(want, list) else [want] if want else []
+        if allowed and arch not in allowed:
+            raise WeightsError(f"the weights are a {arch!r} GGUF, but {spec.file} describes "
+                               f"{', '.join(repr(a) for a in allowed)} "
+                               "(formats.gguf.arch): use the spec for that architecture")
         keys = dict(section.get("metadata", {}) or {})
         for name, key in keys.items():
             for k in key if isinstance(key, list) else [key]:

@@ -1,0 +1,63 @@
+"""specs/replit.yaml against transformers' MptForCausalLM.
+
+MPT as transformers implements it: ALiBi (alibi_bias_max 8) instead of position
+embeddings, LayerNorm without bias, a fused Wqkv projection (no grouped-query
+attention in transformers' MPT: kv heads = heads), a GELU MLP (expansion 4) and
+the output tied to the token embedding. 12 heads (not a power of two) exercise
+MPT's interleaved slopes for the extra heads.
+"""
+
+import pytest
+
+import maxdecl as md
+from maxdecl.pipelines.model_loading import load_model, params_from_metadata
+
+from modelhelp import TOL, compare, hf_logits, randomize, save_hf, spec_path, token_ids
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def make_mpt(seed=0, n_heads=12):
+    torch.manual_seed(seed)
+    config = transformers.MptConfig(
+        d_model=768, n_heads=n_heads, n_layers=2, expansion_ratio=4, vocab_size=64,
+        max_seq_len=64, no_bias=True, layer_norm_epsilon=1e-5,
+        attn_config={"alibi": True, "alibi_bias_max": 8, "clip_qkv": None, "qk_ln": False,
+                     "softmax_scale": None})
+    return randomize(transformers.MptForCausalLM(config), seed)
+
+
+@pytest.fixture(scope="module")
+def mpt(tmp_path_factory):
+    model = make_mpt()
+    path = save_hf(model, tmp_path_factory.mktemp("mpt_hf"))
+    ids = token_ids(model.config.vocab_size)
+    return model, path, ids, hf_logits(model, ids)
+
+
+def test_replit_config_from_hf(mpt):
+    model, path, _, _ = mpt
+    got = params_from_metadata(md.load_spec(spec_path("replit")), md.load_weights(path).metadata)
+    assert got["dim"] == 768 and got["n_heads"] == 12 and got["n_layers"] == 2
+    assert got["n_kv_heads"] == 12                # no kv_n_heads in transformers' MptConfig
+    assert got["ffn_dim"] == 4 * 768
+    assert got["alibi_bias_max"] == 8
+    assert got["vocab"] == 64
+
+
+def test_replit_kv_heads_from_attn_config():
+    """replit's own config.json carries attn_config.kv_n_heads (grouped-query)."""
+    meta = {"maxdecl.format": "hf", "d_model": 3072, "n_heads": 24, "n_layers": 32,
+            "expansion_ratio": 4, "vocab_size": 32768, "max_seq_len": 4096,
+            "attn_config": {"kv_n_heads": 8, "alibi_bias_max": 8}}
+    got = params_from_metadata(md.load_spec(spec_path("replit")), meta)
+    assert got["n_kv_heads"] == 8 and got["n_heads"] == 24 and got["ffn_dim"] == 12288
+
+
+def test_replit_prefill_and_decode_match_hf(mpt):
+    model, path, ids, ref = mpt
+    session, _, _ = load_model(spec_path("replit"), path, variant="tiny")
+    pre, dec = compare(session, ref, ids)
+    print(f"replit/MPT vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
+    assert pre <= TOL and dec <= TOL
