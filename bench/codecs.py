@@ -63,6 +63,20 @@ def main() -> None:
     def fmt(t):
         return f"{t[0] * 1e3:8.1f} [{t[1] * 1e3:4.0f}-{t[2] * 1e3:4.0f}]"
 
+    @numba.njit(parallel=True)
+    def fill(out):
+        for i in numba.prange(out.shape[0]):
+            for j in range(out.shape[1]):
+                out[i, j] = np.float32(j)
+
+    def fresh_fill():
+        fill(np.empty(x.shape, dtype=np.float32))
+
+    fresh_fill()
+    floor = _median(fresh_fill, args.repeat)
+    print(f"{'floor':8} {'np.empty + numba fill of the output':38} {fmt(floor)}   "
+          f"(no dequantize can beat this) {x.nbytes / floor[0] / 1e9:6.2f} GB/s")
+
     for name in args.only or ["bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q6_k"]:
         enc = codecs.get(name)
         qt = getattr(T, name.upper())

@@ -62,16 +62,17 @@ def _kernels():
         #       d   | qh: bit j of the LE u32 | qs[j] = q[j] & 15 | (q[j + 16] & 15) << 4
         #           |  = bit 4 of q[j]        |
         # x[j] = d * (q[j] - 16),  q[j] = low 4 bits from qs | bit 4 from qh
+        half = out.shape[1] // 2
         for i in numba.prange(b.shape[0]):
             d = f16[np.int64(b[i, 0]) | (np.int64(b[i, 1]) << 8)]
             qh = (np.int64(b[i, 2]) | (np.int64(b[i, 3]) << 8)
                   | (np.int64(b[i, 4]) << 16) | (np.int64(b[i, 5]) << 24))
-            for j in range(16):
-                q = np.int64(b[i, 6 + j])
-                q0 = (q & 0x0F) | (((qh >> j) & 1) << 4)
-                q1 = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-                out[i, j] = d * np.float32(q0 - 16)
-                out[i, j + 16] = d * np.float32(q1 - 16)
+            for j in range(half):          # run-time trip count: vectorised, not unrolled
+                q0 = (np.int64(b[i, 6 + j]) & 0x0F) | (((qh >> j) & 1) << 4)
+                out[i, j] = d * np.float32(np.int32(q0) - 16)
+            for j in range(half):
+                q1 = (np.int64(b[i, 6 + j]) >> 4) | (((qh >> (j + half)) & 1) << 4)
+                out[i, j + half] = d * np.float32(np.int32(q1) - 16)
 
     # fp16 -> float32 of every bit pattern (NumPy's exact conversion), read by dequantize
     f16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)

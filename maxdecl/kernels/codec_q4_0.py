@@ -15,12 +15,13 @@ def _q4_0_dequantize(b, table, out):
     #
     # byte  0-1 | 2 .. 17
     #       d   | qs[j] = q[j] (bits 3-0) | q[j + 16] << 4 (bits 7-4);  x = d * (q - 8)
+    half = out.shape[1] // 2          # a run-time trip count: LLVM vectorises, not unrolls
     for i in prange(b.shape[0]):
         d = table[np.int64(b[i, 0]) | (np.int64(b[i, 1]) << 8)]
-        for j in range(16):
-            q = b[i, 2 + j]
-            out[i, j] = np.float32(np.int32(q & 0x0F) - 8) * d        # low nibble: x[j]
-            out[i, j + 16] = np.float32(np.int32(q >> 4) - 8) * d     # high nibble: x[j + 16]
+        for j in range(half):
+            out[i, j] = np.float32((np.int32(b[i, 2 + j]) & 15) - 8) * d         # low nibble
+        for j in range(half):
+            out[i, j + half] = np.float32((np.int32(b[i, 2 + j]) >> 4) - 8) * d  # high nibble
 
 
 @njit(cache=CACHE, fastmath=EXACT, parallel=True)

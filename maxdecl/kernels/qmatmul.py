@@ -293,90 +293,141 @@ def _gemv_bf16(x, w, out):
         out[r] = s
 
 
-# -- exact row decoder: the same float32 operations, in the same order, as gguf-py --
-# Not fastmath and not numba-inlined, so callers' flags never reach it (LLVM may
-# still inline it; instruction flags stay exact). ``kind`` indexes KINDS.
+# -- exact row decoders: the same float32 operations, in the same order, as gguf-py --
+# Not fastmath and not numba-inlined, so callers' flags never reach them (LLVM may
+# still inline them; instruction flags stay exact).
+# _OPAQUE_TRIP: inner trip counts are written so LLVM cannot see them as constants
+# (16 + 16 * (k < 0)). A constant 16/32 gets the loop fully unrolled, and the
+# unrolled stores (f32 dst may alias u8 w) stay scalar; an unknown count goes to
+# the loop vectorizer, which checks aliasing at run time (measured 2-4x faster).
+@numba.njit(cache=CACHE)
+def _dec_q4_0(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    for b in range(k // 32):
+        o = b * 18
+        d = _f16(w[o], w[o + 1])
+        for j in range(n16):
+            q = np.int32(w[o + 2 + j])
+            dst[b * 32 + j] = d * np.float32((q & _I15) - _I8)
+            dst[b * 32 + 16 + j] = d * np.float32((q >> _I4) - _I8)
+
+
+@numba.njit(cache=CACHE)
+def _dec_q5_0(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    for b in range(k // 32):
+        o = b * 22
+        d = _f16(w[o], w[o + 1])
+        qh = (np.int32(w[o + 2]) | (np.int32(w[o + 3]) << np.int32(8))
+              | (np.int32(w[o + 4]) << _I16) | (np.int32(w[o + 5]) << np.int32(24)))
+        for j in range(n16):
+            q = np.int32(w[o + 6 + j])
+            sh = np.int32(j)
+            lo = (q & _I15) | (((qh >> sh) & _I1) << _I4)
+            hi = (q >> _I4) | (((qh >> (sh + _I16)) & _I1) << _I4)
+            dst[b * 32 + j] = d * np.float32(lo - _I16)
+            dst[b * 32 + 16 + j] = d * np.float32(hi - _I16)
+
+
+@numba.njit(cache=CACHE)
+def _dec_q8_0(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    n32 = 2 * n16
+    for b in range(k // 32):
+        o = b * 34
+        d = _f16(w[o], w[o + 1])
+        for j in range(n32):
+            dst[b * 32 + j] = d * np.float32(_i8(w[o + 2 + j]))
+
+
+@numba.njit(cache=CACHE)
+def _dec_q4_k(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    n32 = 2 * n16
+    for b in range(k // 256):
+        o = b * 144
+        d = _f16(w[o], w[o + 1])
+        dmin = _f16(w[o + 2], w[o + 3])
+        for c in range(4):
+            sc0, m0 = _q4k_scale_min1(w, o + 4, 2 * c)
+            sc1, m1 = _q4k_scale_min1(w, o + 4, 2 * c + 1)
+            d0 = d * np.float32(sc0)
+            d1 = d * np.float32(sc1)
+            dm0 = dmin * np.float32(m0)
+            dm1 = dmin * np.float32(m1)
+            qo = o + 16 + 32 * c
+            xo = b * 256 + 64 * c
+            for j in range(n32):
+                q = np.int32(w[qo + j])
+                dst[xo + j] = d0 * np.float32(q & _I15) - dm0
+                dst[xo + 32 + j] = d1 * np.float32(q >> _I4) - dm1
+
+
+@numba.njit(cache=CACHE)
+def _dec_q6_k(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    for b in range(k // 256):
+        o = b * 210
+        d = _f16(w[o + 208], w[o + 209])
+        for h in range(2):
+            ql = o + h * 64
+            qh = o + 128 + h * 32
+            so = o + 192 + h * 8
+            xo = b * 256 + h * 128
+            for half in range(2):
+                s0 = d * np.float32(_i8(w[so + half]))
+                s1 = d * np.float32(_i8(w[so + half + 2]))
+                s2 = d * np.float32(_i8(w[so + half + 4]))
+                s3 = d * np.float32(_i8(w[so + half + 6]))
+                for j in range(16 * half, 16 * half + n16):
+                    a = np.int32(w[ql + j])
+                    c = np.int32(w[ql + 32 + j])
+                    e = np.int32(w[qh + j])
+                    dst[xo + j] = s0 * np.float32(((a & _I15) | ((e << _I4) & _I48)) - _I32)
+                    dst[xo + 32 + j] = s1 * np.float32(
+                        ((c & _I15) | ((e << np.int32(2)) & _I48)) - _I32)
+                    dst[xo + 64 + j] = s2 * np.float32(((a >> _I4) | (e & _I48)) - _I32)
+                    dst[xo + 96 + j] = s3 * np.float32(
+                        ((c >> _I4) | ((e >> np.int32(2)) & _I48)) - _I32)
+
+
+@numba.njit(cache=CACHE)
+def _dec_bf16(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    for i in range(k):
+        dst[i] = _bits_f32((np.uint32(w[2 * i]) << np.uint32(16))
+                           | (np.uint32(w[2 * i + 1]) << np.uint32(24)))
+
+
 KINDS = {"q4_0": 0, "q5_0": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "bf16": 5}
 
 
 @numba.njit(cache=CACHE)
 def _decode_row(kind, w, r, dst):
-    # w: (N, K//be*bb) u8, row r -> dst: (K,) f32
-    w = w[r]
-    k = dst.shape[0]
-    if kind == 0:                                    # q4_0
-        for b in range(k // 32):
-            o = b * 18
-            d = _f16(w[o], w[o + 1])
-            for j in range(16):
-                q = np.int32(w[o + 2 + j])
-                dst[b * 32 + j] = d * np.float32((q & _I15) - _I8)
-                dst[b * 32 + 16 + j] = d * np.float32((q >> _I4) - _I8)
-    elif kind == 1:                                  # q5_0
-        for b in range(k // 32):
-            o = b * 22
-            d = _f16(w[o], w[o + 1])
-            qh = (np.int32(w[o + 2]) | (np.int32(w[o + 3]) << np.int32(8))
-                  | (np.int32(w[o + 4]) << _I16) | (np.int32(w[o + 5]) << np.int32(24)))
-            for j in range(16):
-                q = np.int32(w[o + 6 + j])
-                sh = np.int32(j)
-                lo = (q & _I15) | (((qh >> sh) & _I1) << _I4)
-                hi = (q >> _I4) | (((qh >> (sh + _I16)) & _I1) << _I4)
-                dst[b * 32 + j] = d * np.float32(lo - _I16)
-                dst[b * 32 + 16 + j] = d * np.float32(hi - _I16)
-    elif kind == 2:                                  # q8_0
-        for b in range(k // 32):
-            o = b * 34
-            d = _f16(w[o], w[o + 1])
-            for j in range(32):
-                dst[b * 32 + j] = d * np.float32(_i8(w[o + 2 + j]))
-    elif kind == 3:                                  # q4_k
-        for b in range(k // 256):
-            o = b * 144
-            d = _f16(w[o], w[o + 1])
-            dmin = _f16(w[o + 2], w[o + 3])
-            for c in range(4):
-                sc0, m0 = _q4k_scale_min1(w, o + 4, 2 * c)
-                sc1, m1 = _q4k_scale_min1(w, o + 4, 2 * c + 1)
-                d0 = d * np.float32(sc0)
-                d1 = d * np.float32(sc1)
-                dm0 = dmin * np.float32(m0)
-                dm1 = dmin * np.float32(m1)
-                qo = o + 16 + 32 * c
-                xo = b * 256 + 64 * c
-                for j in range(32):
-                    q = np.int32(w[qo + j])
-                    dst[xo + j] = d0 * np.float32(q & _I15) - dm0
-                    dst[xo + 32 + j] = d1 * np.float32(q >> _I4) - dm1
-    elif kind == 4:                                  # q6_k (layout: see _gemv_q6_k)
-        for b in range(k // 256):
-            o = b * 210
-            d = _f16(w[o + 208], w[o + 209])
-            for h in range(2):
-                ql = o + h * 64
-                qh = o + 128 + h * 32
-                so = o + 192 + h * 8
-                xo = b * 256 + h * 128
-                for half in range(2):
-                    s0 = d * np.float32(_i8(w[so + half]))
-                    s1 = d * np.float32(_i8(w[so + half + 2]))
-                    s2 = d * np.float32(_i8(w[so + half + 4]))
-                    s3 = d * np.float32(_i8(w[so + half + 6]))
-                    for j in range(16 * half, 16 * half + 16):
-                        a = np.int32(w[ql + j])
-                        c = np.int32(w[ql + 32 + j])
-                        e = np.int32(w[qh + j])
-                        dst[xo + j] = s0 * np.float32(((a & _I15) | ((e << _I4) & _I48)) - _I32)
-                        dst[xo + 32 + j] = s1 * np.float32(
-                            ((c & _I15) | ((e << np.int32(2)) & _I48)) - _I32)
-                        dst[xo + 64 + j] = s2 * np.float32(((a >> _I4) | (e & _I48)) - _I32)
-                        dst[xo + 96 + j] = s3 * np.float32(
-                            ((c >> _I4) | ((e >> np.int32(2)) & _I48)) - _I32)
-    else:                                            # bf16
-        for i in range(k):
-            dst[i] = _bits_f32((np.uint32(w[2 * i]) << np.uint32(16))
-                               | (np.uint32(w[2 * i + 1]) << np.uint32(24)))
+    # w: (N, K//be*bb) u8, row r -> dst: (K,) f32; kind indexes KINDS
+    if kind == 0:
+        _dec_q4_0(w[r], dst)
+    elif kind == 1:
+        _dec_q5_0(w[r], dst)
+    elif kind == 2:
+        _dec_q8_0(w[r], dst)
+    elif kind == 3:
+        _dec_q4_k(w[r], dst)
+    elif kind == 4:
+        _dec_q6_k(w[r], dst)
+    else:
+        _dec_bf16(w[r], dst)
 
 
 @numba.njit(cache=CACHE, parallel=True)

@@ -41,6 +41,62 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
     return model.eval()
 
 
+# -- seeded tiny HF models ---------------------------------------------------------------
+
+def make_llama(seed=0, tied=False, rope_theta=500000.0, **kw):
+    """LlamaForCausalLM: GQA (4 heads, 2 kv heads), SwiGLU, RMSNorm, rope_theta 500000.
+
+    dim 256 and ffn 512: the spec's q4_k / q6_k encodings need multiples of 256
+    even when the weights come as float32.
+    """
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+               max_position_embeddings=64, rope_theta=rope_theta,
+               tie_word_embeddings=tied, attn_implementation="eager")
+    cfg.update(kw)
+    return randomize(transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)), seed)
+
+
+def make_mpt(seed=0, n_heads=12):
+    """MptForCausalLM: ALiBi (bias max 8), bias-free LayerNorm, GELU MLP, tied output.
+
+    12 heads (not a power of two) exercise MPT's interleaved slopes.
+    """
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.MptConfig(
+        d_model=768, n_heads=n_heads, n_layers=2, expansion_ratio=4, vocab_size=64,
+        max_seq_len=64, no_bias=True, layer_norm_epsilon=1e-5,
+        attn_config={"alibi": True, "alibi_bias_max": 8, "clip_qkv": None, "qk_ln": False,
+                     "softmax_scale": None})
+    return randomize(transformers.MptForCausalLM(config), seed)
+
+
+def make_gemma3(seed=0, **kw):
+    """Gemma3ForCausalLM (text): 6 layers (5 sliding + 1 global), window 5,
+    head_dim 48 != dim / n_heads, query_pre_attn_scalar 40 != head_dim, RoPE bases
+    20000 (local) and 500000 (global), tied output."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=80, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=48,
+               query_pre_attn_scalar=40, sliding_window=5, rms_norm_eps=1e-6,
+               max_position_embeddings=64, rope_theta=500000.0, rope_local_base_freq=20000.0,
+               tie_word_embeddings=True, attn_implementation="eager")
+    cfg.update(kw)
+    config = transformers.Gemma3TextConfig(**cfg)
+    # HF norms compute x * (1 + w): weights near 0 (not 1) keep the scale sane.
+    return randomize(transformers.Gemma3ForCausalLM(config), seed, norm_center=0.0)
+
+
 def save_hf(model, path) -> str:
     """``save_pretrained`` as safetensors (config.json included); returns the path."""
     path = os.fspath(path)

@@ -6,28 +6,16 @@ and loaded by maxdecl from the directory: hyperparameters from config.json, name
 and the q/k row permutation from the spec's ``formats.hf``.
 """
 
-import numpy as np
 import pytest
 
 import maxdecl as md
 from maxdecl.pipelines.model_loading import load_model, params_from_metadata
 
-from modelhelp import (TOL, compare, hf_logits, randomize, save_hf, spec_path, token_ids,
+from modelhelp import (TOL, compare, hf_logits, make_llama, save_hf, spec_path, token_ids,
                        without_hf_transforms)
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-
-def make_llama(seed=0, tied=False, rope_theta=500000.0, **kw):
-    torch.manual_seed(seed)
-    cfg = dict(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-               max_position_embeddings=64, rope_theta=rope_theta,
-               tie_word_embeddings=tied, attn_implementation="eager")
-    cfg.update(kw)
-    config = transformers.LlamaConfig(**cfg)
-    return randomize(transformers.LlamaForCausalLM(config), seed)
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")

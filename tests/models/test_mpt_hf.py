@@ -12,20 +12,10 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import load_model, params_from_metadata
 
-from modelhelp import TOL, compare, hf_logits, randomize, save_hf, spec_path, token_ids
+from modelhelp import TOL, compare, hf_logits, make_mpt, save_hf, spec_path, token_ids
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-
-def make_mpt(seed=0, n_heads=12):
-    torch.manual_seed(seed)
-    config = transformers.MptConfig(
-        d_model=768, n_heads=n_heads, n_layers=2, expansion_ratio=4, vocab_size=64,
-        max_seq_len=64, no_bias=True, layer_norm_epsilon=1e-5,
-        attn_config={"alibi": True, "alibi_bias_max": 8, "clip_qkv": None, "qk_ln": False,
-                     "softmax_scale": None})
-    return randomize(transformers.MptForCausalLM(config), seed)
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +51,14 @@ def test_replit_prefill_and_decode_match_hf(mpt):
     pre, dec = compare(session, ref, ids)
     print(f"replit/MPT vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
+
+
+def test_replit_alibi_slopes_matter(mpt):
+    """Negative control: other ALiBi slopes (bias max 4 instead of 8) give other logits.
+    (transformers' MPT always builds its slopes with bias max 8.)"""
+    model, path, ids, ref = mpt
+    td = md.load_weights(path)
+    td.metadata["attn_config"] = {**td.metadata["attn_config"], "alibi_bias_max": 4}
+    session, _, _ = load_model(spec_path("replit"), td, variant="tiny")
+    pre, dec = compare(session, ref, ids)
+    assert pre > 10 * TOL and dec > 10 * TOL
