@@ -125,11 +125,11 @@ def random_weights(prog, seed: int = 0) -> TensorDict:
     return td
 
 
-def _tokenizer_for(path: str, fmt: str):
-    from .tokenizer import load_tokenizer
+def _tokenizer_for(path: str, meta: dict):
+    from .tokenizer import load_gguf_tokenizer, load_tokenizer
 
-    if fmt == "gguf":
-        return load_tokenizer(path)
+    if meta.get("maxdecl.format") == "gguf":
+        return load_gguf_tokenizer(path, meta)
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for name in ("tokenizer.json", "tokenizer.bin", "tokenizer.gguf"):
         cand = os.path.join(folder, name)
@@ -191,7 +191,7 @@ def load_model(spec, weights=None, variant=None):
     params = params_from_metadata(spec, meta)
     td = prepare_weights(spec, td, params)
     if path is not None:
-        tok = _tokenizer_for(path, meta.get("maxdecl.format", ""))
+        tok = _tokenizer_for(path, meta)
     try:
         graph = build(spec, td, spec.variant, params)
     except WeightsError as e:

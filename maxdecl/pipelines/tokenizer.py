@@ -339,10 +339,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                        "or tokenizer.json, or a llama2.c tokenizer.bin")
 
 
-def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
-    """Build the tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata."""
-    from .tokenizer_gguf import read_gguf_metadata
-    meta = read_gguf_metadata(path, prefix="tokenizer.ggml.")
+def load_gguf_tokenizer(path: str | Path, meta: dict | None = None) -> Tokenizer:
+    """Build the tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata
+    (``meta``: that metadata when the caller already read it, e.g. ``td.metadata``)."""
+    if meta is None:
+        from ..weights.gguf import read_gguf_metadata
+        meta = read_gguf_metadata(path)
     model = meta.get("tokenizer.ggml.model")
     if model is None or "tokenizer.ggml.tokens" not in meta:
         raise WeightsError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.model/tokens missing)")

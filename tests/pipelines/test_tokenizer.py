@@ -346,7 +346,7 @@ def test_load_errors(tmp_path):
 
 def test_gguf_metadata_reader(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from maxdecl.pipelines.tokenizer_gguf import read_gguf_metadata
+    from maxdecl.weights.gguf import read_gguf_metadata
     path = tmp_path / "meta.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_token_list(["a", "é", "日本"])
