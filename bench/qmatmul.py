@@ -130,8 +130,8 @@ def main(argv=None):
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, reps)
                 wbw = data.nbytes / t
                 pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"
-                print(f"{enc:5} {n:5} {data.nbytes / 2**20:5.1f} {m:3} {t * 1e3:9.2f} {lo * 1e3:6.2f}-{hi * 1e3:6.2f} "
-                      f"{wbw / 1e9:7.1f} {pct} {ta * 1e3:8.1f} {ta / t:6.1f} "
+                print(f"{enc:5} {n:5} {data.nbytes / 2**20:5.1f} {m:3} {t * 1e3:9.2f} "
+                      f"{lo * 1e3:6.2f}-{hi * 1e3:6.2f} {wbw / 1e9:7.1f} {pct} {ta * 1e3:8.1f} {ta / t:6.1f} "
                       f"{tb * 1e3:8.2f} {tb / t:6.2f}", flush=True)
                 results.append((enc, n, m, t, wbw, ta / t, tb / t))
             del w_f32

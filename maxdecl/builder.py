@@ -26,10 +26,10 @@ __all__ = ["build", "check_weights", "describe_tree", "format_tree", "TreeRow"]
 _SHOW = 5   # names listed per category in a WeightsError
 
 
-def _program(spec, variant=None, params=None) -> tuple[Spec, Program]:
+def _program(spec, variant=None, params=None, check_encodings=True) -> tuple[Spec, Program]:
     if not isinstance(spec, Spec):
         spec = load_spec(spec, variant)
-    return spec, spec.program(variant or spec.variant, params)
+    return spec, spec.program(variant or spec.variant, params, check_encodings)
 
 
 def build(spec, weights=None, variant: str | None = None, params: dict | None = None):
@@ -63,7 +63,8 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
     from .dtypes import DType, TensorType
     from .graph import Graph
 
-    spec, prog = _program(spec, variant, params)
+    # Bound weights bring their own encodings: the spec's encoding rules do not apply.
+    spec, prog = _program(spec, variant, params, check_encodings=weights is None)
     if weights is not None:
         check_weights(prog, weights)
     ins = prog.inputs

@@ -66,6 +66,18 @@ def _bind_weight(node, weights):
     return w
 
 
+def _bound_weights(graph, weights) -> dict:
+    """{id(weight value): tensor} for every weight node, checked once per TensorDict
+    state (a generation loop binds the same weights on every step)."""
+    key = (id(weights), getattr(weights, "version", None), len(graph.nodes))
+    cached = getattr(graph, "_binding", None)
+    if cached is not None and cached[0] == key and cached[1] is weights and key[1] is not None:
+        return cached[2]
+    bound = {id(n.outputs[0]): _bind_weight(n, weights) for n in graph.nodes if n.op == "weight"}
+    graph._binding = (key, weights, bound)
+    return bound
+
+
 def run_graph(graph, inputs, weights=None) -> list:
     """Execute ``graph`` on ``inputs``; returns its outputs as NumPy arrays."""
     from .ops import _registry
@@ -75,9 +87,9 @@ def run_graph(graph, inputs, weights=None) -> list:
     if not graph.outputs:
         raise GraphError(f"{graph.name}: no outputs; call graph.output(...) first")
     env: dict[int, object] = {id(v): a for v, a in zip(graph.inputs, arrays)}
+    env.update(_bound_weights(graph, weights))
     for node in graph.nodes:
         if node.op == "weight":
-            env[id(node.outputs[0])] = _bind_weight(node, weights)
             continue
         args = [env[id(v)] for v in node.inputs]
         try:

@@ -105,6 +105,7 @@ class TensorDict(MutableMapping):
 
     def __init__(self, items=None, metadata=None):
         self._items: dict[str, object] = {}
+        self.version = 0          # bumped by every change; lets a graph cache its binding
         self.metadata: dict = dict(metadata) if metadata else {}
         if items:
             for k, v in dict(items).items():
@@ -118,6 +119,7 @@ class TensorDict(MutableMapping):
             if value.dtype == object:
                 raise WeightsError(f"{name}: object arrays cannot be stored")
         self._items[name] = value
+        self.version += 1
 
     def __getitem__(self, name: str):
         try:
@@ -130,6 +132,7 @@ class TensorDict(MutableMapping):
 
     def __delitem__(self, name: str) -> None:
         del self._items[name]
+        self.version += 1
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)

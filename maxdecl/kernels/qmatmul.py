@@ -105,26 +105,13 @@ def _i8(u):
 
 
 @numba.njit(inline="always")
-def _q4k_scale_min(w, r, o, j):
-    """6-bit (scale, min) of sub-block j from q4_k's 12 scale bytes at w[r, o:o+12].
+def _q4k_scale_min(w, o, j):
+    """6-bit (scale, min) of sub-block j from q4_k's 12 scale bytes at w[o:o+12] (one row).
 
     bytes 0-3: EEaaaaaa (j<4: scale a = low 6 bits; EE = top 2 bits of scale j+4)
     bytes 4-7: FFbbbbbb (j<4: min   b = low 6 bits; FF = top 2 bits of min j+4)
     bytes 8-11: mmmmssss (j>=4: low 4 bits of scale (ssss) and of min (mmmm))
     """
-    if j < 4:
-        sc = np.int32(w[r, o + j]) & _I63
-        m = np.int32(w[r, o + j + 4]) & _I63
-    else:
-        b = np.int32(w[r, o + j + 4])
-        sc = (b & _I15) | ((np.int32(w[r, o + j - 4]) >> np.int32(6)) << _I4)
-        m = (b >> _I4) | ((np.int32(w[r, o + j]) >> np.int32(6)) << _I4)
-    return sc, m
-
-
-@numba.njit(inline="always")
-def _q4k_scale_min1(w, o, j):
-    """``_q4k_scale_min`` on one row's bytes ``w`` (1-D)."""
     if j < 4:
         sc = np.int32(w[o + j]) & _I63
         m = np.int32(w[o + j + 4]) & _I63
@@ -217,16 +204,17 @@ def _gemv_q4_k(x, w, out):
     nb = x.shape[0] // 256
     xs = _block_sums(x, 32)                          # the min term uses sums of x per sub-block
     for r in numba.prange(w.shape[0]):
+        wr = w[r]
         lo = np.zeros(32, np.float32)
         hi = np.zeros(32, np.float32)
         mins = np.float32(0)
         for b in range(nb):
             o = b * 144
-            d = _f16(w[r, o], w[r, o + 1])
-            dmin = _f16(w[r, o + 2], w[r, o + 3])
+            d = _f16(wr[o], wr[o + 1])
+            dmin = _f16(wr[o + 2], wr[o + 3])
             for c in range(4):
-                sc0, m0 = _q4k_scale_min(w, r, o + 4, 2 * c)
-                sc1, m1 = _q4k_scale_min(w, r, o + 4, 2 * c + 1)
+                sc0, m0 = _q4k_scale_min(wr, o + 4, 2 * c)
+                sc1, m1 = _q4k_scale_min(wr, o + 4, 2 * c + 1)
                 d0 = d * np.float32(sc0)
                 d1 = d * np.float32(sc1) * _SIXTEENTH
                 mins += dmin * (np.float32(m0) * xs[b * 8 + 2 * c]
@@ -234,7 +222,7 @@ def _gemv_q4_k(x, w, out):
                 qo = o + 16 + 32 * c
                 xo = b * 256 + 64 * c
                 for j in range(32):
-                    q = np.int32(w[r, qo + j])
+                    q = np.int32(wr[qo + j])
                     lo[j] += np.float32(q & _I15) * (d0 * x[xo + j])
                     hi[j] += np.float32(q & _I240) * (d1 * x[xo + 32 + j])
         s = np.float32(0)
@@ -357,8 +345,8 @@ def _dec_q4_k(w, dst):
         d = _f16(w[o], w[o + 1])
         dmin = _f16(w[o + 2], w[o + 3])
         for c in range(4):
-            sc0, m0 = _q4k_scale_min1(w, o + 4, 2 * c)
-            sc1, m1 = _q4k_scale_min1(w, o + 4, 2 * c + 1)
+            sc0, m0 = _q4k_scale_min(w, o + 4, 2 * c)
+            sc1, m1 = _q4k_scale_min(w, o + 4, 2 * c + 1)
             d0 = d * np.float32(sc0)
             d1 = d * np.float32(sc1)
             dm0 = dmin * np.float32(m0)

@@ -129,6 +129,8 @@ def _tokenizer_for(path: str, meta: dict):
     from .tokenizer import load_gguf_tokenizer, load_tokenizer
 
     if meta.get("maxdecl.format") == "gguf":
+        if "tokenizer.ggml.tokens" not in meta:
+            return None          # a GGUF of weights only
         return load_gguf_tokenizer(path, meta)
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for name in ("tokenizer.json", "tokenizer.bin", "tokenizer.gguf"):
@@ -145,7 +147,7 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
     fmt = weights.metadata.get("maxdecl.format") if hasattr(weights, "metadata") else None
     section = dict(spec.formats.get(fmt, {}) or {}) if fmt else {}
     if section.get("tensors") and isinstance(section["tensors"], dict):
-        prog = spec.program(spec.variant, params)
+        prog = spec.program(spec.variant, params, check_encodings=False)
         full = {**dict(spec.params), **params}
         return remap(weights, dict(section["tensors"]), dict(section.get("transforms") or {}),
                      full, expected=[w.name for w in prog.weights])

@@ -121,12 +121,14 @@ class Spec:
     marks: MappingProxyType = field(default_factory=lambda: EMPTY, repr=False)
 
 
-    def program(self, variant: str | None = None, params: dict | None = None) -> "Program":
+    def program(self, variant: str | None = None, params: dict | None = None,
+                check_encodings: bool = True) -> "Program":
         """Unroll the spec for ``variant`` (default: the selected one); ``params``
-        override hyperparameters (e.g. from weights metadata). Raises SpecError."""
+        override hyperparameters (e.g. from weights metadata); ``check_encodings=False``
+        when the weights bring their own encodings. Raises SpecError."""
         from .semantic import expand_or_raise
 
-        return expand_or_raise(self, variant or self.variant, params)
+        return expand_or_raise(self, variant or self.variant, params, check_encodings)
 
     def with_variant(self, variant: str) -> "Spec":
         """The same spec with another variant selected (SpecError if unknown)."""

@@ -105,8 +105,10 @@ def select_variant(spec: Spec, variant: str, overrides: dict | None = None) -> S
 class Expander:
     """Unrolls ``spec`` for one variant into a Program, collecting problems."""
 
-    def __init__(self, spec: Spec, variant: str, overrides: dict | None = None):
+    def __init__(self, spec: Spec, variant: str, overrides: dict | None = None,
+                 check_encodings: bool = True):
         self.spec = spec
+        self.block_rule = check_encodings
         self.variant = variant
         self.env, self.problems = variant_env(spec, variant, overrides)
         self.encodings = known_encodings()
@@ -345,7 +347,7 @@ class Expander:
             if not w.shape:
                 self.problem(w.pos, f"weight {full!r}: expected a shape list such as [dim]")
                 shape = None
-            if shape is not None and enc is not None:
+            if shape is not None and enc is not None and self.block_rule:
                 block = self.encodings[enc][0]
                 if shape[-1] % block:
                     self.problem(w.pos, f"weight {full!r} {list(shape)}: last dim {shape[-1]} "
@@ -591,9 +593,13 @@ def check(spec: Spec) -> list[RawProblem]:
     return problems
 
 
-def expand_or_raise(spec: Spec, variant: str, params: dict | None = None) -> Program:
-    """The Program of ``spec`` for ``variant``; SpecError on the first problem."""
-    ex = Expander(spec, variant, params)
+def expand_or_raise(spec: Spec, variant: str, params: dict | None = None,
+                    check_encodings: bool = True) -> Program:
+    """The Program of ``spec`` for ``variant``; SpecError on the first problem.
+
+    ``check_encodings=False`` skips the encoding block-size rule, for weights that
+    bring their own encodings."""
+    ex = Expander(spec, variant, params, check_encodings)
     prog = ex.run()
     if ex.problems:
         ex.problems.sort(key=lambda p: (p.line, p.col))
