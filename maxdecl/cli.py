@@ -156,7 +156,7 @@ def cmd_graph(args) -> int:
     spec = load_spec(args.spec, variant=args.variant)
     if args.dot:
         from .builder import build
-        from .pipelines.dot import to_dot
+        from .dot import to_dot
 
         print(to_dot(build(spec, variant=args.variant)))
         return EXIT_OK

@@ -113,3 +113,10 @@ def test_run_without_weights_falls_back_to_tiny_random(tmp_path, capsys, monkeyp
     lines = capsys.readouterr().out.splitlines()
     assert "seeded random weights" in lines[0]
     assert "tokens/s" in lines[-1] and "3 generated tokens" in lines[-1]
+
+
+def test_graph_dot_clusters_by_layer(capsys):
+    assert main(["graph", os.path.join(ROOT, "specs", "mlp.yaml"), "--dot"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('digraph "mlp"') and 'label="fc1"' in out
+    assert 'label="relu\\nfloat32[batch, 32]"' in out and out.rstrip().endswith("}")
