@@ -104,7 +104,8 @@ def carry_metadata(meta: dict, params: dict, spec_name=None) -> dict:
     return out
 
 
-def _progress_bar(done, total, name, stream=sys.stderr, width=30):
+def _progress_bar(done, total, name, stream=None, width=30):
+    stream = stream or sys.stderr
     fill = int(width * done / max(total, 1))
     stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name[:40]:<40}")
     if done == total:
