@@ -61,7 +61,7 @@ def worker_maxdecl(threads: int) -> dict:
 def worker_llama(threads: int) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=_gguf_path(), n_threads=threads, n_threads_batch=threads,
+    llm = Llama(model_path=str(_gguf_path()), n_threads=threads, n_threads_batch=threads,
                 n_ctx=512, n_batch=512, verbose=False)
     ids = llm.tokenize(PROMPT.encode(), add_bos=True)[:N_PROMPT]
     llm.reset()
@@ -69,8 +69,13 @@ def worker_llama(threads: int) -> dict:
     llm.eval(ids)
     t1 = time.perf_counter()
     out = []
+    import numpy as np
+
+    n_vocab = llm.n_vocab()
     for _ in range(N_GEN):
-        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        # logits of the last evaluated token (only that row is computed)
+        last = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+        tok = int(last.argmax())
         out.append(tok)
         llm.eval([tok])
     t2 = time.perf_counter()
