@@ -128,8 +128,75 @@ def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
             _dots4(sc[:n], vh, 0, Dv, lo, orow, 0)
 
 
+@njit_twins(fastmath=FASTMATH)
+def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offset):
+    # Few query rows (decode): k, v read in place, no transposes.
+    # q: (B, S, Hq, D) f32; k: (B, T, Hkv, D) f32; v: (B, T, Hkv, Dv) f32
+    # out: (B, S, Hq, Dv) f32; same masks and score order as _attention
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    T = k.shape[1]
+    Dv = v.shape[3]
+    group = Hq // Hkv
+    for task in numba.prange(B * Hq * S):
+        b = task // (Hq * S)
+        h = (task // S) % Hq
+        i = task % S
+        hk = h // group
+        pos = q_offset + i
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        hi = min(T, pos + 1) if causal else T
+        orow = out[b, i, h]
+        orow[:] = 0.0
+        if hi <= lo:
+            continue
+        qs = np.empty(D, np.float32)
+        for d in range(D):
+            qs[d] = q[b, i, h, d] * scale
+        n = hi - lo
+        sc = np.empty(n, np.float32)
+        m = np.float32(-np.inf)
+        for j in range(n):
+            kr = k[b, lo + j, hk]
+            t = np.float32(0)
+            for d in range(D):
+                t += qs[d] * kr[d]
+            if softcap > 0:
+                t = softcap * math.tanh(t / softcap)
+            t += slopes[h] * np.float32(lo + j - pos)
+            sc[j] = t
+            m = max(m, t)
+        tot = np.float32(0)
+        for j in range(n):
+            e = _exp_nonpos(sc[j] - m)
+            sc[j] = e
+            tot += e
+        inv = np.float32(1) / tot
+        for j in range(n):
+            p = sc[j] * inv
+            vr = v[b, lo + j, hk]
+            for e in range(Dv):
+                orow[e] += p * vr[e]
+
+
+_FEW_ROWS = 4  # up to this many query rows take the no-transpose path
+
+
 def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.ndarray:
     """q: (B, S, Hq, D), k: (B, T, Hkv, D), v: (B, T, Hkv, Dv) -> (B, S, Hq, Dv) float32."""
+    if q.shape[1] <= _FEW_ROWS:
+        qc = np.ascontiguousarray(q, dtype=np.float32)
+        kc = np.ascontiguousarray(k, dtype=np.float32)
+        vc = np.ascontiguousarray(v, dtype=np.float32)
+        B, S, Hq, _ = qc.shape
+        out = np.empty((B, S, Hq, vc.shape[3]), np.float32)
+        sl = (np.zeros(Hq, np.float32) if slopes is None
+              else np.asarray(slopes, dtype=np.float32).reshape(Hq))
+        if out.size:
+            pick(_attention_few, Hq * S * kc.shape[1] * qc.shape[3])(
+                qc, kc, vc, out, np.float32(scale), bool(causal), int(window or 0), sl,
+                np.float32(softcap or 0.0), int(q_offset))
+        return out
     qh = np.ascontiguousarray(np.transpose(q, (0, 2, 1, 3)), dtype=np.float32)
     kh = np.ascontiguousarray(np.transpose(k, (0, 2, 1, 3)), dtype=np.float32)
     vt = np.ascontiguousarray(np.transpose(v, (0, 2, 3, 1)), dtype=np.float32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
@@ -33,6 +35,14 @@ def _rope(x, cos, sin, out, neox):
                 out[b, s, h, j] = x[b, s, h, j]
 
 
+@functools.lru_cache(maxsize=64)
+def _inv_freq(theta: float, dim: int) -> np.ndarray:
+    """theta ** (-2i / dim) for i < dim // 2, in float64 (cached: decode calls it per layer)."""
+    inv = theta ** (-np.arange(dim // 2, dtype=np.float64) * 2.0 / dim)
+    inv.setflags(write=False)
+    return inv
+
+
 def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
     """x: (..., S, H, Dh) f32, positions: (S,) int -> rotated float32 copy.
 
@@ -41,8 +51,7 @@ def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     S, H, Dh = x.shape[-3:]
-    half = dim // 2
-    inv_freq = float(theta) ** (-np.arange(half, dtype=np.float64) * 2.0 / dim)
+    inv_freq = _inv_freq(float(theta), int(dim))
     ang = (np.asarray(positions, dtype=np.float64) / float(scale))[:, None] * inv_freq[None, :]
     cos = np.cos(ang).astype(np.float32)
     sin = np.sin(ang).astype(np.float32)
