@@ -1,4 +1,4 @@
-"""qmatmul speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N] [--cpu-time]``.
+"""qmatmul speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N] [--cpu-time] [--gemma]``.
 
 For q4_0, q4_k, q6_k, q8_0 at K=4096, N in {4096, 14336}, M in {1, 64}: median
 time of ``qmatmul`` (through the op's run), effective weight bandwidth (packed
@@ -6,6 +6,12 @@ bytes of W / time), and ratios against two baselines measured in the same run:
 (a) gguf-py dequantize + numpy matmul, (b) numpy float32 matmul on weights
 decoded beforehand. The machine's read bandwidth (numba parallel sum over
 512 MiB of float32) is measured in the same run as the yardstick for GEMV.
+
+``--gemma`` times instead the decode GEMVs (M=1) of Gemma 3 270M Q4_K_M at exactly its
+shapes: q5_0 (1024, 640), (256, 640), (2048, 640) x2 and q8_0 (256, 640) per layer over
+18 layers, and the tied q8_0 output matrix (262144, 640) once, each layer with its own
+weights (as in the model, so the 42.6 MB of q5_0 does not sit in cache), and prints the
+per-token total.
 
 On a shared machine, 2-thread wall times swing with the scheduler; for a steadier
 comparison run one thread on CPU time:
@@ -82,11 +88,52 @@ def _packed(enc, n, k, rng):
     return raw.reshape(n, nb * e.block_bytes)
 
 
+# Gemma 3 270M Q4_K_M decode GEMVs: (encoding, N, K, calls per token = distinct matrices)
+GEMMA = [("q5_0", 1024, 640, 18), ("q5_0", 256, 640, 18), ("q5_0", 2048, 640, 36),
+         ("q8_0", 256, 640, 18), ("q8_0", 262144, 640, 1)]
+
+
+def gemma(run, reps):
+    """Median per-call time of each Gemma decode GEMV shape, cycling through its layers."""
+    import maxdecl as md
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 640)).astype(np.float32)
+    head = (f"{'enc':5} {'N':>6} {'K':>4} {'calls':>5} {'us/call':>9} {'IQR us':>15} "
+            f"{'W GB/s':>7} {'ms/token':>9}")
+    print(head)
+    print("-" * len(head))
+    total = {}
+    for enc, n, k, calls in GEMMA:
+        qts = [md.QuantizedTensor(_packed(enc, n, k, rng), (n, k), enc) for _ in range(calls)]
+        run([x, qts[0]], {})                                  # compile / warm
+        passes = max(3, reps // calls)
+        ts = []
+        for _ in range(passes):
+            for qt in qts:
+                t = CLOCK()
+                run([x, qt], {})
+                ts.append(CLOCK() - t)
+        med = float(np.median(ts))
+        q1, q3 = np.percentile(ts, [25, 75])
+        tok = med * calls
+        total[enc] = total.get(enc, 0.0) + tok
+        print(f"{enc:5} {n:6} {k:4} {calls:5} {med * 1e6:9.1f} {q1 * 1e6:7.1f}-{q3 * 1e6:7.1f} "
+              f"{qts[0].data.nbytes / med / 1e9:7.1f} {tok * 1e3:9.2f}", flush=True)
+        del qts
+    print("per token: " + ", ".join(f"{e} {v * 1e3:.2f} ms" for e, v in total.items())
+          + f", total {sum(total.values()) * 1e3:.2f} ms")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N=4096 only, fewer repeats")
     ap.add_argument("--threads", type=int, default=None, help="numba threads (default: all)")
     ap.add_argument("--encodings", default=",".join(ENCODINGS))
+    ap.add_argument("--gemma", action="store_true",
+                    help="time the Gemma 3 270M decode GEMV shapes (q5_0, q8_0) instead")
+    ap.add_argument("--reps", type=int, default=200,
+                    help="--gemma: timed calls per shape (at least 3 passes over its layers)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with process CPU time (meaningful with --threads 1)")
     args = ap.parse_args(argv)
@@ -106,6 +153,10 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     print(f"threads: {numba.get_num_threads()}  clock: {CLOCK.__name__}  load average: "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    if args.gemma:
+        gemma(run, args.reps)
+        print(f"load average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        return
     bw, bw_lo, bw_hi = _read_bandwidth()
     print(f"read bandwidth (numba prange sum, 512 MiB f32): {bw / 1e9:.1f} GB/s "
           f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})\n")

@@ -97,6 +97,61 @@ def test_tile_decoder_is_bit_exact(enc):
     np.testing.assert_array_equal(got.view(np.uint32), want[2:11].view(np.uint32))
 
 
+@pytest.mark.parametrize("enc", ["q5_0", "q8_0"])
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_gemv_raw_blocks_gemma_k(enc, n):
+    """The vector-IR GEMV kernels on raw random blocks (every quant and 5th-bit pattern,
+    fp16 scales of both signs down to subnormals) at Gemma's K=640 (20 blocks a row)."""
+    from maxdecl.kernels import qmatmul as kq
+
+    rng = np.random.default_rng(zlib.crc32(f"raw/{enc}/{n}".encode()))
+    be, bb = BLOCK[enc]
+    k = 640
+    raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
+    mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
+    raw[..., 0:2] = mag.astype(np.float16)[..., None].view(np.uint8)
+    data = raw.reshape(n, -1)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = kq.qmatmul_blocks(x, data, enc)
+    ref, scale = _reference(x, data, enc)
+    assert out.shape == (1, n) and out.dtype == np.float32
+    assert (np.abs(out - ref) / np.maximum(scale, 1e-30)).max() <= TOL
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_ir_f16_is_exact(soft):
+    """The GEMV kernels' fp16 scale decode (F16C, and the bit-move fallback for targets
+    without it) on all 65536 fp16 values, with junk in the upper 16 bits of the word."""
+    import numba
+    from numba import types
+    from numba.extending import intrinsic
+
+    from maxdecl.kernels import qmatmul as kq
+
+    if not soft and not kq._target_has("f16c"):
+        pytest.skip("target CPU has no F16C")
+
+    @intrinsic
+    def conv(typingctx, u):
+        def codegen(context, builder, sig, args):
+            return kq._ir_f16(builder, args[0], soft=soft)
+        return types.float32(types.uint32), codegen
+
+    @numba.njit
+    def run(a, out):
+        for i in range(a.shape[0]):
+            out[i] = conv(a[i])
+
+    h = np.arange(65536, dtype=np.uint32)
+    junk = np.random.default_rng(0).integers(0, 65536, h.shape).astype(np.uint32)
+    got = np.empty(h.shape, np.float32)
+    run(h | (junk << np.uint32(16)), got)
+    want = h.astype(np.uint16).view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
 def test_graph_quantize_then_qmatmul():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((48, 256)).astype(np.float32)
