@@ -1,3 +1,5 @@
+"""Fixtures shared by every test folder."""
+
 import os
 
 import pytest
