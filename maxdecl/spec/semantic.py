@@ -310,7 +310,14 @@ class Expander:
         if n is None:
             return
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            self.problem(rpos, f"repeat must be a positive integer, got {n!r}")
+            name = raw.strip("{} ") if isinstance(raw, str) else None
+            if name in self.spec.variants.get(self.variant, {}):
+                # the bad value is the variant's hyperparameter: point at it
+                ptr = f"/variants/{pointer_escape(self.variant)}/{pointer_escape(name)}"
+                self.problem(self.at(ptr), f"{name} is a repeat count (line {rpos.line}): "
+                                           f"expected a positive integer, got {n!r}")
+            else:
+                self.problem(rpos, f"repeat must be a positive integer, got {n!r}")
             return
         for k in range(n):
             self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
