@@ -139,7 +139,7 @@ def _block_sums(x, n):
 
 # -- GEMV kernels: x (K,) f32, w (N, K//be*bb) u8 -> out (N,) f32 -------------------
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemv_q4_0(x, w, out):
+def _gemv_q4_0_loop(x, w, out):
     nb = x.shape[0] // 32
     for r in numba.prange(w.shape[0]):
         acc = np.zeros(32, np.float32)
@@ -356,8 +356,217 @@ def _gemv_q8_0(x, w, out):
         out[r] = _dot_q8_0(w, r, x, nb, _NO_TABLE)
 
 
+# -- q4_0 / q4_k / q6_k GEMV: the same technique ------------------------------------
+def _ir_f16_pair(builder, word):
+    """float32 of the two fp16 in the i32 ``word`` (low half, high half)."""
+    if _target_has("f16c"):
+        v = builder.fpext(builder.bitcast(word, ir.VectorType(ir.HalfType(), 2)),
+                          ir.VectorType(_IR_F32, 2))
+        return (builder.extract_element(v, _ir_const(_IR_I32, 0)),
+                builder.extract_element(v, _ir_const(_IR_I32, 1)))
+    return (_ir_f16(builder, word, soft=True),
+            _ir_f16(builder, builder.lshr(word, _ir_const(_IR_I32, 16)), soft=True))
+
+
+def _ir_lane(builder, v, s):
+    """Lane ``s`` of the 8-lane ``v`` broadcast to all 8 lanes."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_IR_I32, 8), [s] * 8))
+
+
+def _ir_pick(builder, v, idx):
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_IR_I32, len(idx)), idx))
+
+
+def _ir_xload(builder, xb, off):
+    p = builder.gep(xb, [_ir_const(_IR_I64, off)]) if off else xb
+    return builder.load(builder.bitcast(p, _V8F.as_pointer()), align=4)
+
+
+def _ir_u8x8(builder, bp, off):
+    """8 bytes at ``off`` zero-extended to <8 x i32>."""
+    return builder.zext(_ir_load(builder, bp, off, _V8B), _V8I)
+
+
+def _ir_dot4(builder, fs, xs):
+    t = builder.fmul(fs[0], xs[0], flags=_FM)
+    for f, xv in zip(fs[1:], xs[1:]):
+        t = builder.fadd(t, builder.fmul(f, xv, flags=_FM), flags=_FM)
+    return t
+
+
+def _ir_q4_0_block(builder, bp, xs, acc, table):
+    # 18 B: d f16 @0 | qs[16] @2. Groups as q5_0: lo nibbles of qs[0:8], of qs[8:16],
+    # hi nibbles of qs[0:8], of qs[8:16]; value = nibble - 8.
+    d = _ir_f16(builder, _ir_load(builder, bp, 0, _IR_I32))
+    a = _ir_u8x8(builder, bp, 2)
+    c = _ir_u8x8(builder, bp, 10)
+    nib = [builder.and_(a, _ir_v8i([15] * 8)), builder.and_(c, _ir_v8i([15] * 8)),
+           builder.lshr(a, _ir_v8i([4] * 8)), builder.lshr(c, _ir_v8i([4] * 8))]
+    fs = [builder.sitofp(builder.sub(q, _ir_v8i([8] * 8)), _V8F) for q in nib]
+    return _ir_block_dot(builder, d, fs, xs, acc)
+
+
+def _ir_q4_k_block(builder, bp, xb, ab, accs):
+    # 144 B / 256 values. The 8 sub-block (scale, min) pairs unpacked as two <8 x i32>
+    # (see _q4k_scale_min); the min term is dmin * m . (sums of x per sub-block), one
+    # vector per block from ``ab``; sub-block s = 2c (lo nibbles of qs[32c:32c+32]) and
+    # 2c+1 (hi nibbles) each summed into a vector, scaled by lane s of d * sc.
+    lo_acc, hi_acc, m_acc = accs
+    d, dmin = _ir_f16_pair(builder, _ir_load(builder, bp, 0, _IR_I32))
+    sb = _ir_load(builder, bp, 4, ir.VectorType(_IR_I8, 16))      # bytes 0-11 used
+    a = builder.zext(_ir_pick(builder, sb, [0, 1, 2, 3, 8, 9, 10, 11]), _V8I)
+    b = builder.zext(_ir_pick(builder, sb, [4, 5, 6, 7, 8, 9, 10, 11]), _V8I)
+    c = builder.zext(_ir_pick(builder, sb, [0, 1, 2, 3, 0, 1, 2, 3]), _V8I)
+    e = builder.zext(_ir_pick(builder, sb, [4, 5, 6, 7, 4, 5, 6, 7]), _V8I)
+    low = _ir_v8i([63] * 4 + [15] * 4)
+    top = _ir_v8i([0] * 4 + [48] * 4)
+    two = _ir_v8i([2] * 8)
+    sc = builder.or_(builder.and_(a, low), builder.and_(builder.lshr(c, two), top))
+    m = builder.or_(builder.and_(builder.lshr(b, _ir_v8i([0] * 4 + [4] * 4)), low),
+                    builder.and_(builder.lshr(e, two), top))
+    dsc = builder.fmul(_ir_splat(builder, d), builder.sitofp(sc, _V8F), flags=_FM)
+    dm = builder.fmul(_ir_splat(builder, dmin), builder.sitofp(m, _V8F), flags=_FM)
+    m_acc = builder.fadd(m_acc, builder.fmul(dm, _ir_xload(builder, ab, 0), flags=_FM),
+                         flags=_FM)
+    for ch in range(4):
+        qs = [_ir_u8x8(builder, bp, 16 + 32 * ch + 8 * k) for k in range(4)]
+        flo = [builder.sitofp(builder.and_(q, _ir_v8i([15] * 8)), _V8F) for q in qs]
+        fhi = [builder.sitofp(builder.lshr(q, _ir_v8i([4] * 8)), _V8F) for q in qs]
+        tlo = _ir_dot4(builder, flo, [_ir_xload(builder, xb, 64 * ch + 8 * k) for k in range(4)])
+        thi = _ir_dot4(builder, fhi, [_ir_xload(builder, xb, 64 * ch + 32 + 8 * k)
+                                      for k in range(4)])
+        lo_acc = builder.fadd(lo_acc, builder.fmul(_ir_lane(builder, dsc, 2 * ch), tlo,
+                                                   flags=_FM), flags=_FM)
+        hi_acc = builder.fadd(hi_acc, builder.fmul(_ir_lane(builder, dsc, 2 * ch + 1), thi,
+                                                   flags=_FM), flags=_FM)
+    return lo_acc, hi_acc, m_acc
+
+
+def _ir_q6_k_block(builder, bp, xb, ab, accs):
+    # 210 B / 256 values: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d f16 @208.
+    # Half h (128 values), 8 lanes j0..j0+7 (j0 = 8g): ql[64h+j] lo/hi -> values j / j+64,
+    # ql[64h+32+j] lo/hi -> j+32 / j+96, qh[32h+j] bit pairs -> j, j+32, j+64, j+96;
+    # value - 32 scaled by scales[8h + 2k + j // 16] for value 32k + j.
+    acc0, acc1 = accs
+    d = _ir_f16(builder, builder.lshr(_ir_load(builder, bp, 206, _IR_I32),
+                                      _ir_const(_IR_I32, 16)))   # word stays inside the block
+    sb = _ir_load(builder, bp, 192, ir.VectorType(_IR_I8, 16))
+    dd = _ir_splat(builder, d)
+    dsc = [builder.fmul(dd, builder.sitofp(builder.sext(_ir_pick(builder, sb, list(range(8 * h, 8 * h + 8))),
+                                                        _V8I), _V8F), flags=_FM)
+           for h in range(2)]
+    v15, v48, v32 = _ir_v8i([15] * 8), _ir_v8i([48] * 8), _ir_v8i([32] * 8)
+    v2, v4 = _ir_v8i([2] * 8), _ir_v8i([4] * 8)
+    accs = [acc0, acc1]
+    for h in range(2):
+        t = [[None, None] for _ in range(4)]
+        for g in range(4):
+            j0 = 8 * g
+            a = _ir_u8x8(builder, bp, 64 * h + j0)
+            c = _ir_u8x8(builder, bp, 64 * h + 32 + j0)
+            e = _ir_u8x8(builder, bp, 128 + 32 * h + j0)
+            qs = [builder.or_(builder.and_(a, v15), builder.and_(builder.shl(e, v4), v48)),
+                  builder.or_(builder.and_(c, v15), builder.and_(builder.shl(e, v2), v48)),
+                  builder.or_(builder.lshr(a, v4), builder.and_(e, v48)),
+                  builder.or_(builder.lshr(c, v4), builder.and_(builder.lshr(e, v2), v48))]
+            for k in range(4):
+                f = builder.sitofp(builder.sub(qs[k], v32), _V8F)
+                p = builder.fmul(f, _ir_xload(builder, xb, 128 * h + 32 * k + j0), flags=_FM)
+                half = g // 2
+                t[k][half] = p if t[k][half] is None else builder.fadd(t[k][half], p, flags=_FM)
+        for k in range(4):
+            for half in range(2):
+                s = _ir_lane(builder, dsc[h], 2 * k + half)
+                accs[half] = builder.fadd(accs[half], builder.fmul(s, t[k][half], flags=_FM),
+                                          flags=_FM)
+    return tuple(accs)
+
+
+def _superblock_dot_intrinsic(block_bytes, block_values, block, naccs, signs):
+    """An intrinsic ``(w, r, x, nb, aux) -> float32``: the dot of row r of the packed
+    blocks ``w`` (2-D uint8, C order) with ``x`` (1-D float32, C order) over ``nb``
+    blocks of ``block_values``. ``block(builder, bp, xb, ab, accs)`` gets the block's
+    bytes, x and ``aux`` (1-D float32, C order) at 8 floats a block, and returns the
+    ``naccs`` new <8 x float> accumulators; the result is the horizontal sum of
+    sum_i signs[i] * accs[i]."""
+
+    def typer(typingctx, w, r, x, nb, aux):
+        ok = (isinstance(w, types.Array) and w.ndim == 2 and w.layout == "C"
+              and w.dtype in (types.uint8, types.int8)
+              and isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
+              and x.dtype == types.float32
+              and isinstance(aux, types.Array) and aux.ndim == 1 and aux.layout == "C"
+              and aux.dtype == types.float32
+              and isinstance(r, types.Integer) and isinstance(nb, types.Integer))
+        if not ok:
+            return None
+
+        def codegen(context, builder, sig, args):
+            wa = context.make_array(sig.args[0])(context, builder, args[0])
+            xa = context.make_array(sig.args[2])(context, builder, args[2])
+            aa = context.make_array(sig.args[4])(context, builder, args[4])
+            r64 = context.cast(builder, args[1], sig.args[1], types.intp)
+            nb64 = context.cast(builder, args[3], sig.args[3], types.intp)
+            stride = cgutils.unpack_tuple(builder, wa.strides)[0]
+            row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
+                              [builder.mul(r64, stride)])
+            xp = builder.bitcast(xa.data, _IR_F32.as_pointer())
+            ap = builder.bitcast(aa.data, _IR_F32.as_pointer())
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
+                    for _ in range(naccs)]
+            with cgutils.for_range(builder, nb64) as loop:
+                b = loop.index
+                bp = builder.gep(row, [builder.mul(b, _ir_const(_IR_I64, block_bytes))])
+                xb = builder.gep(xp, [builder.mul(b, _ir_const(_IR_I64, block_values))])
+                ab = builder.gep(ap, [builder.mul(b, _ir_const(_IR_I64, 8))])
+                new = block(builder, bp, xb, ab, [builder.load(a) for a in accs])
+                for a, v in zip(accs, new):
+                    builder.store(v, a)
+            tot = None
+            for a, sgn in zip(accs, signs):
+                v = builder.load(a)
+                if tot is None:
+                    tot = v if sgn > 0 else builder.fneg(v, flags=_FM)
+                else:
+                    tot = (builder.fadd if sgn > 0 else builder.fsub)(tot, v, flags=_FM)
+            return _ir_hsum(builder, tot)
+
+        return types.float32(w, r, x, nb, aux), codegen
+
+    return intrinsic(typer)
+
+
+_dot_q4_0 = _row_dot_intrinsic(18, _ir_q4_0_block)
+_dot_q4_k = _superblock_dot_intrinsic(144, 256, _ir_q4_k_block, 3, (1, 1, -1))
+_dot_q6_k = _superblock_dot_intrinsic(210, 256, _ir_q6_k_block, 2, (1, 1))
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q4_0(x, w, out):
+    nb = x.shape[0] // 32
+    for r in numba.prange(w.shape[0]):
+        out[r] = _dot_q4_0(w, r, x, nb, _NO_TABLE)
+
+
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
 def _gemv_q4_k(x, w, out):
+    nb = x.shape[0] // 256
+    xs = _block_sums(x, 32)                          # the min term uses sums of x per sub-block
+    for r in numba.prange(w.shape[0]):
+        out[r] = _dot_q4_k(w, r, x, nb, xs)
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q6_k(x, w, out):
+    nb = x.shape[0] // 256
+    for r in numba.prange(w.shape[0]):
+        out[r] = _dot_q6_k(w, r, x, nb, x)
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q4_k_loop(x, w, out):
     nb = x.shape[0] // 256
     xs = _block_sums(x, 32)                          # the min term uses sums of x per sub-block
     for r in numba.prange(w.shape[0]):
@@ -389,7 +598,7 @@ def _gemv_q4_k(x, w, out):
 
 
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemv_q6_k(x, w, out):
+def _gemv_q6_k_loop(x, w, out):
     # Per half of 128 values, lane l in 0..31 holds values l, l+32, l+64, l+96:
     # ql[l] lo/hi nibble -> l / l+64, ql[l+32] lo/hi -> l+32 / l+96, qh[l] bits 0-1,
     # 2-3, 4-5, 6-7 -> l, l+32, l+64, l+96; one int8 scale per 16 values.
