@@ -28,10 +28,12 @@ def _gelu(x, out):
 
 @njit_twins()
 def _gelu_tanh(x, out):
-    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    # 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as x * sigmoid(2u)
+    # = x / (1 + exp(-2u)): one float32 exp instead of a float64 tanh (rel. error ~1e-6)
     for i in numba.prange(x.size):
-        v = np.float64(x[i])
-        out[i] = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+        v = x[i]
+        u = np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v)
+        out[i] = v / (np.float32(1) + np.exp(np.float32(-2) * u))
 
 
 def _apply(kernel, x):

@@ -357,9 +357,11 @@ def _gemv_q8_0(x, w, out):
 
 
 # -- q4_0 / q4_k / q6_k GEMV: the same technique ------------------------------------
-def _ir_f16_pair(builder, word):
-    """float32 of the two fp16 in the i32 ``word`` (low half, high half)."""
-    if _target_has("f16c"):
+def _ir_f16_pair(builder, word, soft=None):
+    """float32 of the two fp16 in the i32 ``word`` (low half, high half); as ``_ir_f16``."""
+    if soft is None:
+        soft = not _target_has("f16c")
+    if not soft:
         v = builder.fpext(builder.bitcast(word, ir.VectorType(ir.HalfType(), 2)),
                           ir.VectorType(_IR_F32, 2))
         return (builder.extract_element(v, _ir_const(_IR_I32, 0)),

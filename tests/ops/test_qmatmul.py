@@ -97,7 +97,18 @@ def test_tile_decoder_is_bit_exact(enc):
     np.testing.assert_array_equal(got.view(np.uint32), want[2:11].view(np.uint32))
 
 
-@pytest.mark.parametrize("enc", ["q5_0", "q8_0"])
+def _raw_blocks(enc, n, k, rng):
+    """Raw random blocks: every quant, scale and high-bit pattern, with each fp16 scale
+    (d, and q4_k's dmin) of either sign from fp16 subnormals up to 4."""
+    be, bb = BLOCK[enc]
+    raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
+    for at in {"q4_k": (0, 2), "q6_k": (208,)}.get(enc, (0,)):
+        mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
+        raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("enc", ["q5_0", "q8_0", "q4_0"])
 @pytest.mark.parametrize("n", [1, 7, 300])
 def test_gemv_raw_blocks_gemma_k(enc, n):
     """The vector-IR GEMV kernels on raw random blocks (every quant and 5th-bit pattern,
@@ -105,12 +116,24 @@ def test_gemv_raw_blocks_gemma_k(enc, n):
     from maxdecl.kernels import qmatmul as kq
 
     rng = np.random.default_rng(zlib.crc32(f"raw/{enc}/{n}".encode()))
-    be, bb = BLOCK[enc]
     k = 640
-    raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
-    mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
-    raw[..., 0:2] = mag.astype(np.float16)[..., None].view(np.uint8)
-    data = raw.reshape(n, -1)
+    data = _raw_blocks(enc, n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = kq.qmatmul_blocks(x, data, enc)
+    ref, scale = _reference(x, data, enc)
+    assert out.shape == (1, n) and out.dtype == np.float32
+    assert (np.abs(out - ref) / np.maximum(scale, 1e-30)).max() <= TOL
+
+
+@pytest.mark.parametrize("enc", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("n,k", [(1, 256), (7, 768), (300, 2560)])
+def test_gemv_raw_blocks_k_quants(enc, n, k):
+    """The vector-IR q4_k / q6_k GEMV kernels on raw random super-blocks (every 6-bit
+    scale / min and high-bit pattern, d and dmin of both signs down to subnormals)."""
+    from maxdecl.kernels import qmatmul as kq
+
+    rng = np.random.default_rng(zlib.crc32(f"rawk/{enc}/{n}/{k}".encode()))
+    data = _raw_blocks(enc, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
     out = kq.qmatmul_blocks(x, data, enc)
     ref, scale = _reference(x, data, enc)
@@ -124,6 +147,7 @@ def test_ir_f16_is_exact(soft):
     without it) on all 65536 fp16 values, with junk in the upper 16 bits of the word."""
     import numba
     from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 
     from maxdecl.kernels import qmatmul as kq
@@ -137,19 +161,29 @@ def test_ir_f16_is_exact(soft):
             return kq._ir_f16(builder, args[0], soft=soft)
         return types.float32(types.uint32), codegen
 
+    @intrinsic
+    def conv_pair(typingctx, u):                       # q4_k's (d, dmin) word
+        def codegen(context, builder, sig, args):
+            lo, hi = kq._ir_f16_pair(builder, args[0], soft=soft)
+            return cgutils.make_anonymous_struct(builder, [lo, hi])
+        return types.UniTuple(types.float32, 2)(types.uint32), codegen
+
     @numba.njit
-    def run(a, out):
+    def run(a, out, lo, hi):
         for i in range(a.shape[0]):
             out[i] = conv(a[i])
+            lo[i], hi[i] = conv_pair(a[i])
 
     h = np.arange(65536, dtype=np.uint32)
     junk = np.random.default_rng(0).integers(0, 65536, h.shape).astype(np.uint32)
-    got = np.empty(h.shape, np.float32)
-    run(h | (junk << np.uint32(16)), got)
+    got, lo, hi = (np.empty(h.shape, np.float32) for _ in range(3))
+    run(h | (junk << np.uint32(16)), got, lo, hi)
     want = h.astype(np.uint16).view(np.float16).astype(np.float32)
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    want_hi = junk.astype(np.uint16).view(np.float16).astype(np.float32)
+    for g, w in ((got, want), (lo, want), (hi, want_hi)):
+        nan = np.isnan(w)
+        assert np.array_equal(np.isnan(g), nan)
+        np.testing.assert_array_equal(g[~nan].view(np.uint32), w[~nan].view(np.uint32))
 
 
 def test_graph_quantize_then_qmatmul():
