@@ -14,7 +14,10 @@ import numba
 
 from .config import CACHE
 
-PARALLEL_MIN_WORK = 1 << 15  # elements (or multiply-adds) below which a kernel runs serially
+# Elements (or multiply-adds) below which a kernel runs serially. Measured: rms_norm over
+# 128 x 640 takes 29 us on one thread, while a parallel region must wait for a second
+# thread, which costs milliseconds when another process holds the other core.
+PARALLEL_MIN_WORK = 1 << 20
 
 
 def njit_twins(**flags):

@@ -486,6 +486,45 @@ def _ir_q6_k_block(builder, bp, xb, ab, accs):
     return tuple(accs)
 
 
+def _ir_q6_k_block_b(builder, bp, xb, ab, accs):
+    # As _ir_q6_k_block, but the 6-bit values are put together 16 bytes at a time in
+    # byte lanes (one sub-block of 16 values per vector), then widened 8 at a time.
+    acc0, acc1 = accs
+    d = _ir_f16(builder, builder.lshr(_ir_load(builder, bp, 206, _IR_I32),
+                                      _ir_const(_IR_I32, 16)))   # word stays inside the block
+    v16b = ir.VectorType(_IR_I8, 16)
+    sb = _ir_load(builder, bp, 192, v16b)
+    dd = _ir_splat(builder, d)
+    dsc = [builder.fmul(dd, builder.sitofp(builder.sext(_ir_pick(builder, sb, list(range(8 * h, 8 * h + 8))),
+                                                        _V8I), _V8F), flags=_FM)
+           for h in range(2)]
+
+    def bc(v):
+        return ir.Constant(v16b, [ir.Constant(_IR_I8, v)] * 16)
+
+    accs = [acc0, acc1]
+    for h in range(2):
+        for half in range(2):
+            j0 = 16 * half
+            a = _ir_load(builder, bp, 64 * h + j0, v16b)
+            c = _ir_load(builder, bp, 64 * h + 32 + j0, v16b)
+            e = _ir_load(builder, bp, 128 + 32 * h + j0, v16b)
+            qs = [builder.or_(builder.and_(a, bc(15)), builder.and_(builder.shl(e, bc(4)), bc(48))),
+                  builder.or_(builder.and_(c, bc(15)), builder.and_(builder.shl(e, bc(2)), bc(48))),
+                  builder.or_(builder.lshr(a, bc(4)), builder.and_(e, bc(48))),
+                  builder.or_(builder.lshr(c, bc(4)), builder.and_(builder.lshr(e, bc(2)), bc(48)))]
+            for k in range(4):
+                q = builder.sub(qs[k], bc(32))
+                ps = []
+                for g in range(2):
+                    f = builder.sitofp(builder.sext(_ir_pick(builder, q, list(range(8 * g, 8 * g + 8))), _V8I), _V8F)
+                    ps.append(builder.fmul(f, _ir_xload(builder, xb, 128 * h + 32 * k + j0 + 8 * g), flags=_FM))
+                t = builder.fadd(ps[0], ps[1], flags=_FM)
+                s = _ir_lane(builder, dsc[h], 2 * k + half)
+                accs[half] = builder.fadd(accs[half], builder.fmul(s, t, flags=_FM), flags=_FM)
+    return tuple(accs)
+
+
 def _superblock_dot_intrinsic(block_bytes, block_values, block, naccs, signs):
     """An intrinsic ``(w, r, x, nb, aux) -> float32``: the dot of row r of the packed
     blocks ``w`` (2-D uint8, C order) with ``x`` (1-D float32, C order) over ``nb``
@@ -543,6 +582,14 @@ def _superblock_dot_intrinsic(block_bytes, block_values, block, naccs, signs):
 _dot_q4_0 = _row_dot_intrinsic(18, _ir_q4_0_block)
 _dot_q4_k = _superblock_dot_intrinsic(144, 256, _ir_q4_k_block, 3, (1, 1, -1))
 _dot_q6_k = _superblock_dot_intrinsic(210, 256, _ir_q6_k_block, 2, (1, 1))
+_dot_q6_k_b = _superblock_dot_intrinsic(210, 256, _ir_q6_k_block_b, 2, (1, 1))
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemv_q6_k_b(x, w, out):
+    nb = x.shape[0] // 256
+    for r in numba.prange(w.shape[0]):
+        out[r] = _dot_q6_k_b(w, r, x, nb, x)
 
 
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
