@@ -43,6 +43,19 @@ def _inv_freq(theta: float, dim: int) -> np.ndarray:
     return inv
 
 
+@functools.lru_cache(maxsize=16)
+def _cos_sin(theta: float, scale: float, dim: int, positions: bytes):
+    """float32 cos and sin tables (S, dim // 2) for int64 ``positions`` (as bytes).
+
+    Cached: in one step every layer rotates q and k at the same positions."""
+    pos = np.frombuffer(positions, dtype=np.int64).astype(np.float64)
+    ang = (pos / scale)[:, None] * _inv_freq(theta, dim)[None, :]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos.setflags(write=False)
+    sin.setflags(write=False)
+    return cos, sin
+
+
 def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
     """x: (..., S, H, Dh) f32, positions: (S,) int -> rotated float32 copy.
 
@@ -51,10 +64,8 @@ def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     S, H, Dh = x.shape[-3:]
-    inv_freq = _inv_freq(float(theta), int(dim))
-    ang = (np.asarray(positions, dtype=np.float64) / float(scale))[:, None] * inv_freq[None, :]
-    cos = np.cos(ang).astype(np.float32)
-    sin = np.sin(ang).astype(np.float32)
+    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    cos, sin = _cos_sin(float(theta), float(scale), int(dim), pos.tobytes())
     x4 = x.reshape(-1, S, H, Dh)
     out = np.empty_like(x4)
     if out.size:
