@@ -120,3 +120,31 @@ def test_graph_dot_clusters_by_layer(capsys):
     out = capsys.readouterr().out
     assert out.startswith('digraph "mlp"') and 'label="fc1"' in out
     assert 'label="relu\\nfloat32[batch, 32]"' in out and out.rstrip().endswith("}")
+
+
+def test_quantize_from_gguf_requantizes_and_keeps_norms(tmp_path, capsys):
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    src = tmp_path / "m.gguf"
+    wr = gguf.GGUFWriter(str(src), "llama")
+    wr.add_tensor("blk.0.attn_q.weight", w)
+    wr.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    q4 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    wr.add_tensor("blk.0.ffn_up.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    out = tmp_path / "q.safetensors"
+    assert main(["quantize", str(src), "-o", str(out), "--encoding", "q8_0"]) == 0
+    assert "2 tensors quantized, 1 kept" in capsys.readouterr().out
+    td = md.checkpoint.load(str(out))
+    np.testing.assert_array_equal(td["blk.0.attn_q.weight"].data,
+                                  md.codecs.get("q8_0").quantize(w))
+    # a Q4_0 source is decoded and re-encoded; the 1-D norm stays float32
+    deq = gguf.quants.dequantize(q4, gguf.GGMLQuantizationType.Q4_0)
+    np.testing.assert_array_equal(td["blk.0.ffn_up.weight"].data,
+                                  md.codecs.get("q8_0").quantize(deq))
+    assert td["blk.0.attn_norm.weight"].dtype == np.float32
+    assert td.metadata["maxdecl.source_format"] == "gguf"
