@@ -82,7 +82,7 @@ def run_graph(graph, inputs, weights=None) -> list:
     """Execute ``graph`` on ``inputs``; returns its outputs as NumPy arrays."""
     from .ops import _registry
 
-    arrays = [a if isinstance(a, QuantizedTensor) else np.asarray(a) for a in inputs]
+    arrays = [a if isinstance(a, QuantizedTensor) else np.asanyarray(a) for a in inputs]
     bind_inputs(graph, arrays)
     if not graph.outputs:
         raise GraphError(f"{graph.name}: no outputs; call graph.output(...) first")

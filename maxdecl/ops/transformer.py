@@ -13,6 +13,7 @@ import numpy as np
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
 from ._registry import apply, register
+from .kv_cache import append_kv
 
 __all__ = ["embedding", "rope", "attention"]
 
@@ -185,8 +186,7 @@ def _attention_run(args, attrs):
     new_cache = None
     if rest:
         past = rest[0]
-        new_cache = np.concatenate([past, np.stack([k, v]).astype(past.dtype, copy=False)],
-                                   axis=-3)
+        new_cache = append_kv(past, k, v)
         k, v = new_cache[0], new_cache[1]
     *qb, s, hq, d = q.shape
     t = k.shape[-3]

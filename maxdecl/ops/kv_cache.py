@@ -1,0 +1,45 @@
+"""KV-cache values that grow without copying the past on every step.
+
+The attention op is pure: it takes the cache ``[2, ..., T_past, Hkv, D]`` and returns a
+new one with this step's k, v appended. Copying the whole past each step costs more than
+the attention itself at decode, so the new cache is a view at the front of a larger
+buffer (capacity doubling), and the next step writes into the free room after it.
+Writing there never changes what an existing value shows; if two steps branch from the
+same past (the room after it is already taken), the second one copies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_ROOM = 64  # positions allocated at least when a cache buffer is (re)made
+
+
+class KVCache(np.ndarray):
+    """An ndarray ``[2, ..., T, Hkv, D]`` that knows the buffer it sits at the front of."""
+
+    room = None  # (buffer, [positions filled]) shared by the views of one buffer
+
+    def __array_finalize__(self, obj):
+        # slices and copies of a cache are plain values: they do not own the room
+        self.room = None
+
+
+def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``concat(past, stack([k, v]))`` along the sequence axis (-3), in place when
+    ``past`` is the newest view of its buffer and the buffer has room."""
+    t, s = past.shape[-3], k.shape[-3]
+    room = getattr(past, "room", None)
+    if room is not None and room[1][0] == t and t + s <= room[0].shape[-3]:
+        buf = room[0]
+    else:
+        cap = max(2 * (t + s), MIN_ROOM)
+        buf = np.empty(past.shape[:-3] + (cap,) + past.shape[-2:], past.dtype)
+        buf[..., :t, :, :] = past
+        room = (buf, [t])
+    buf[0, ..., t:t + s, :, :] = k
+    buf[1, ..., t:t + s, :, :] = v
+    room[1][0] = t + s
+    out = buf[..., :t + s, :, :].view(KVCache)
+    out.room = room
+    return out

@@ -1,0 +1,43 @@
+"""KV caches that grow in place equal plain concatenation, and branching stays safe."""
+
+import numpy as np
+
+from maxdecl.ops.kv_cache import KVCache, append_kv
+
+
+def _concat(past, k, v):
+    return np.concatenate([past, np.stack([k, v])], axis=-3)
+
+
+def test_growing_in_place_equals_concatenation():
+    rng = np.random.default_rng(0)
+    ref = cache = np.zeros((2, 0, 2, 8), np.float32)
+    for s in [5, 1, 1, 70, 1, 3]:          # crosses the first capacity
+        k, v = (rng.standard_normal((s, 2, 8)).astype(np.float32) for _ in range(2))
+        cache, ref = append_kv(cache, k, v), _concat(ref, k, v)
+        np.testing.assert_array_equal(cache, ref)
+    assert isinstance(cache, KVCache) and cache.room is not None
+
+
+def test_old_values_never_change_and_branches_copy():
+    rng = np.random.default_rng(1)
+    k0, v0 = (rng.standard_normal((4, 1, 8)).astype(np.float32) for _ in range(2))
+    past = append_kv(np.zeros((2, 0, 1, 8), np.float32), k0, v0)
+    snapshot = np.array(past)
+    ka, va, kb, vb = (rng.standard_normal((1, 1, 8)).astype(np.float32) for _ in range(4))
+    a = append_kv(past, ka, va)           # writes into the room after `past`
+    b = append_kv(past, kb, vb)           # same past again: that room is taken, so it copies
+    np.testing.assert_array_equal(past, snapshot)
+    np.testing.assert_array_equal(a, _concat(snapshot, ka, va))
+    np.testing.assert_array_equal(b, _concat(snapshot, kb, vb))
+    assert not np.shares_memory(a, b)
+
+
+def test_slices_of_a_cache_do_not_own_its_room():
+    past = append_kv(np.zeros((2, 0, 1, 4), np.float32), np.ones((3, 1, 4), np.float32),
+                     np.ones((3, 1, 4), np.float32))
+    head = past[:, :2]
+    assert head.room is None
+    grown = append_kv(head, np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32))
+    np.testing.assert_array_equal(past[:, 2], 1)   # the original third position is intact
+    assert grown.shape == (2, 3, 1, 4) and not grown[:, 2].any()
