@@ -262,32 +262,44 @@ def _ir_q5_0_block(builder, bp, xs, acc, table):
     return _ir_block_dot(builder, d, fs, xs, acc)
 
 
+def _row_args_ok(w, r, x, nb) -> bool:
+    """Typing check shared by the row-dot intrinsics: a C-contiguous 2-D byte matrix,
+    an integer row index and block count, and a contiguous float32 vector x."""
+    return (isinstance(w, types.Array) and w.ndim == 2 and w.layout == "C"
+            and w.dtype in (types.uint8, types.int8)
+            and isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
+            and x.dtype == types.float32
+            and isinstance(r, types.Integer) and isinstance(nb, types.Integer))
+
+
+def _row_pointers(context, builder, sig, args):
+    """(pointer to row r's bytes, float pointer to x, block count as intp) for an
+    intrinsic called as ``f(w, r, x, nb, extra)``."""
+    wa = context.make_array(sig.args[0])(context, builder, args[0])
+    xa = context.make_array(sig.args[2])(context, builder, args[2])
+    r64 = context.cast(builder, args[1], sig.args[1], types.intp)
+    nb64 = context.cast(builder, args[3], sig.args[3], types.intp)
+    stride = cgutils.unpack_tuple(builder, wa.strides)[0]
+    row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
+                      [builder.mul(r64, stride)])
+    return row, builder.bitcast(xa.data, _IR_F32.as_pointer()), nb64
+
+
 def _row_dot_intrinsic(block_bytes, block, prefetch=0):
     """An intrinsic ``(w, r, x, nb, table) -> float32``: the dot of row r of the packed
     blocks ``w`` (2-D uint8/int8, C order) with ``x`` (1-D float32, C order) over ``nb``
     blocks of 32 values. ``table`` (2-D int32, C order) is handed to ``block``."""
 
     def typer(typingctx, w, r, x, nb, table):
-        ok = (isinstance(w, types.Array) and w.ndim == 2 and w.layout == "C"
-              and w.dtype in (types.uint8, types.int8)
-              and isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
-              and x.dtype == types.float32
+        ok = (_row_args_ok(w, r, x, nb)
               and isinstance(table, types.Array) and table.dtype == types.int32
-              and table.layout == "C"
-              and isinstance(r, types.Integer) and isinstance(nb, types.Integer))
+              and table.layout == "C")
         if not ok:
             return None
 
         def codegen(context, builder, sig, args):
-            wa = context.make_array(sig.args[0])(context, builder, args[0])
-            xa = context.make_array(sig.args[2])(context, builder, args[2])
+            row, xp, nb64 = _row_pointers(context, builder, sig, args)
             ta = context.make_array(sig.args[4])(context, builder, args[4])
-            r64 = context.cast(builder, args[1], sig.args[1], types.intp)
-            nb64 = context.cast(builder, args[3], sig.args[3], types.intp)
-            stride = cgutils.unpack_tuple(builder, wa.strides)[0]
-            row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
-                              [builder.mul(r64, stride)])
-            xp = builder.bitcast(xa.data, _IR_F32.as_pointer())
             tp = builder.bitcast(ta.data, _V8I.as_pointer())
             acc = cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
             if prefetch:
@@ -480,26 +492,15 @@ def _superblock_dot_intrinsic(block_bytes, block_values, block, naccs, signs):
     sum_i signs[i] * accs[i]."""
 
     def typer(typingctx, w, r, x, nb, aux):
-        ok = (isinstance(w, types.Array) and w.ndim == 2 and w.layout == "C"
-              and w.dtype in (types.uint8, types.int8)
-              and isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
-              and x.dtype == types.float32
+        ok = (_row_args_ok(w, r, x, nb)
               and isinstance(aux, types.Array) and aux.ndim == 1 and aux.layout == "C"
-              and aux.dtype == types.float32
-              and isinstance(r, types.Integer) and isinstance(nb, types.Integer))
+              and aux.dtype == types.float32)
         if not ok:
             return None
 
         def codegen(context, builder, sig, args):
-            wa = context.make_array(sig.args[0])(context, builder, args[0])
-            xa = context.make_array(sig.args[2])(context, builder, args[2])
+            row, xp, nb64 = _row_pointers(context, builder, sig, args)
             aa = context.make_array(sig.args[4])(context, builder, args[4])
-            r64 = context.cast(builder, args[1], sig.args[1], types.intp)
-            nb64 = context.cast(builder, args[3], sig.args[3], types.intp)
-            stride = cgutils.unpack_tuple(builder, wa.strides)[0]
-            row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
-                              [builder.mul(r64, stride)])
-            xp = builder.bitcast(xa.data, _IR_F32.as_pointer())
             ap = builder.bitcast(aa.data, _IR_F32.as_pointer())
             accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, None))
                     for _ in range(naccs)]
