@@ -38,6 +38,15 @@ def _exp_nonpos(x):
     return p * bits_f32(np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
 
+@numba.njit(cache=CACHE, inline="always")
+def _key_range(pos, T, causal, window):
+    # keys [lo, hi) a query at absolute position pos may see: j <= pos when causal,
+    # pos - j < window when window > 0
+    lo = max(0, pos - window + 1) if window > 0 else 0
+    hi = min(T, pos + 1) if causal else T
+    return lo, hi
+
+
 @numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
 def _dots4(a, m, lo, hi, col, out, o0):
     # out[o0 + j - lo] = a . m[j, col...]  for j in [lo, hi), rows of m taken four at a time
@@ -97,8 +106,7 @@ def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
         sc = np.empty(T, np.float32)
         for i in range(i0, min(i0 + _QB, S)):
             pos = q_offset + i
-            lo = max(0, pos - window + 1) if window > 0 else 0
-            hi = min(T, pos + 1) if causal else T
+            lo, hi = _key_range(pos, T, causal, window)
             orow = out[b, h, i]
             if hi <= lo:
                 orow[:] = 0.0
@@ -144,8 +152,7 @@ def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offse
         i = task % S
         hk = h // group
         pos = q_offset + i
-        lo = max(0, pos - window + 1) if window > 0 else 0
-        hi = min(T, pos + 1) if causal else T
+        lo, hi = _key_range(pos, T, causal, window)
         orow = out[b, i, h]
         orow[:] = 0.0
         if hi <= lo:
