@@ -1,9 +1,14 @@
 """Codec speed against gguf-py's NumPy implementation, measured in the same run.
 
-Run by hand on an idle machine:  python bench/codecs.py [--elements 16777216] [--repeat 5]
+Run by hand on an idle machine:  python bench/codecs.py [--elements N ...] [--repeat 5]
+
+Default sizes: 512 x 4096 (an 8 MB output, the size of most tensors of a small
+model) and 4096 x 4096 (64 MB, a Llama-7B projection).
 Prints the median time of each side, the ratio gguf-py / ours, and our GB/s
-(packed bytes for dequantize, float32 input bytes for quantize). Both sides are
-checked to produce identical results before timing.
+(float32 bytes made or read). Dequantize is timed twice: into a new array (what
+``enc.dequantize(q, shape)`` returns; for tensors this large the kernel's page
+faults of fresh memory cost as much as the decoding) and into a reused buffer
+(``out=``). Both sides are checked to produce identical results before timing.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def _median(fn, repeat):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--elements", type=int, default=1 << 24)
+    ap.add_argument("--elements", type=int, nargs="+", default=[1 << 21, 1 << 24])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ref-repeat", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None, help="encodings to run (default: all)")
@@ -47,10 +52,16 @@ def main() -> None:
     from gguf import GGMLQuantizationType as T
     from gguf import quants as gq
 
+    for elements in args.elements:
+        _run_size(args, elements, numba, T, gq)
+        print()
+
+
+def _run_size(args, elements, numba, T, gq) -> None:
     from maxdecl import codecs
 
     k = 4096
-    rows = args.elements // k
+    rows = elements // k
     x = np.random.default_rng(0).standard_normal((rows, k)).astype(np.float32)
     print(f"{rows} x {k} float32 = {x.size / 1e6:.1f}M elements, numba threads "
           f"{numba.get_num_threads()}; times are medians of {args.repeat} (ours) / "
@@ -76,6 +87,10 @@ def main() -> None:
     floor = _median(fresh_fill, args.repeat)
     print(f"{'floor':8} {'np.empty + numba fill of the output':38} {fmt(floor)}   "
           f"(no dequantize can beat this) {x.nbytes / floor[0] / 1e9:6.2f} GB/s")
+    buf = np.empty(x.shape, dtype=np.float32)
+    floor = _median(lambda: fill(buf), args.repeat)
+    print(f"{'floor':8} {'numba fill of a reused buffer':38} {fmt(floor)}   "
+          f"(no dequantize out= can beat this) {x.nbytes / floor[0] / 1e9:6.2f} GB/s")
 
     for name in args.only or ["bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q6_k"]:
         enc = codecs.get(name)
@@ -85,9 +100,12 @@ def main() -> None:
         assert np.array_equal(enc.dequantize(q, x.shape).view(np.uint32),
                               ref_dq.view(np.uint32)), name
         ours = _median(lambda e=enc, q=q: e.dequantize(q, x.shape), args.repeat)
+        into = _median(lambda e=enc, q=q: e.dequantize(q, x.shape, out=buf), args.repeat)
         ref = _median(lambda q=q, t=qt: gq.dequantize(q, t), args.ref_repeat)
         print(f"{name:8} {'dequantize':10} {fmt(ours)} {fmt(ref):>20} {ref[0] / ours[0]:6.1f}x "
               f"{ref[3] / ours[3]:8.1f}x {x.nbytes / ours[0] / 1e9:9.2f}")
+        print(f"{name:8} {'  ... out=':10} {fmt(into)} {'(same)':>20} {ref[0] / into[0]:6.1f}x "
+              f"{ref[3] / into[3]:8.1f}x {x.nbytes / into[0] / 1e9:9.2f}")
         ours = _median(lambda e=enc: e.quantize(x), args.repeat)
         try:
             assert np.array_equal(gq.quantize(x, qt), q), name

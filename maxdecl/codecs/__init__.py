@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import QuantizationError
 
-__all__ = ["QuantizationEncoding", "register", "get", "names", "unregister"]
+__all__ = ["QuantizationEncoding", "register", "get", "names", "unregister", "output_array"]
 
 
 @runtime_checkable
@@ -38,7 +38,11 @@ class QuantizationEncoding(Protocol):
         ...
 
     def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
-        """Packed uint8 bytes -> float32 array of logical ``shape``."""
+        """Packed uint8 bytes -> float32 array of logical ``shape``.
+
+        The built-in encodings also take ``out=``: a C-contiguous float32 array of
+        ``shape`` to write into (no allocation; see :func:`output_array`).
+        """
         ...
 
 
@@ -81,6 +85,26 @@ def get(name) -> QuantizationEncoding:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise QuantizationError(
             f"unknown encoding {name!r} (known: {', '.join(sorted(_REGISTRY))}){hint}") from None
+
+
+def output_array(name: str, shape, out=None) -> np.ndarray:
+    """The float32 array a ``dequantize`` of logical ``shape`` writes: ``out`` or a new one.
+
+    ``out`` must be a writeable, C-contiguous float32 array of exactly ``shape``;
+    anything else raises ``QuantizationError`` naming encoding ``name``. Writing
+    into a reused buffer skips the page faults of a fresh allocation (for large
+    tensors those cost as much as the dequantize itself).
+    """
+    shape = tuple(shape)
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape:
+        got = (f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray)
+               else type(out).__name__)
+        raise QuantizationError(f"{name}: out= must be float32 {list(shape)}, got {got}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise QuantizationError(f"{name}: out= must be a writeable C-contiguous array")
+    return out
 
 
 def names() -> list[str]:

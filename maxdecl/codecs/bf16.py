@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register
+from . import output_array, register
 from ._blocks import bytes_to_blocks, rows_to_blocks
 
 
@@ -33,14 +33,14 @@ class BF16Encoding:
         _bf16_quantize(blocks.reshape(-1).view(np.uint32), out)
         return out.view(np.uint8).reshape(out_shape)
 
-    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+    def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 bf16 bytes -> float32 of logical ``shape`` (exact widening)."""
         from ..kernels.codec_bf16 import _bf16_dequantize
 
         blocks, shape = bytes_to_blocks(self, data, shape)
-        out = np.empty(blocks.shape[0], dtype=np.float32)
-        _bf16_dequantize(blocks.reshape(-1).view(np.uint16), out.view(np.uint32))
-        return out.reshape(shape)
+        out = output_array(self.name, shape, out)
+        _bf16_dequantize(blocks.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+        return out
 
 
 BF16 = register(BF16Encoding())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register
+from . import output_array, register
 from ._blocks import bytes_to_blocks, fp16_to_fp32_table, raise_if_flagged, rows_to_blocks
 
 QK4_0 = 32  # floats per block
@@ -38,14 +38,14 @@ class Q4_0Encoding:
         raise_if_flagged(self, bad, x.shape)
         return out.reshape(out_shape)
 
-    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+    def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q4_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
         from ..kernels.codec_q4_0 import _q4_0_dequantize
 
         blocks, shape = bytes_to_blocks(self, data, shape)
-        out = np.empty((blocks.shape[0], QK4_0), dtype=np.float32)
-        _q4_0_dequantize(blocks, fp16_to_fp32_table(), out)
-        return out.reshape(shape)
+        out = output_array(self.name, shape, out)
+        _q4_0_dequantize(blocks, fp16_to_fp32_table(), out.reshape(-1, QK4_0))
+        return out
 
 
 Q4_0 = register(Q4_0Encoding())

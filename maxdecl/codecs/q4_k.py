@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register
+from . import output_array, register
 from ._blocks import bytes_to_blocks, fp16_to_fp32_table, raise_if_flagged, rows_to_blocks
 
 QK_K = 256          # floats per super-block
@@ -44,14 +44,14 @@ class Q4_KEncoding:
         raise_if_flagged(self, bad, x.shape)
         return out.reshape(out_shape)
 
-    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+    def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q4_K blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
         from ..kernels.codec_q4_k import _q4_k_dequantize
 
         blocks, shape = bytes_to_blocks(self, data, shape)
-        out = np.empty((blocks.shape[0], QK_K), dtype=np.float32)
-        _q4_k_dequantize(blocks, fp16_to_fp32_table(), out)
-        return out.reshape(shape)
+        out = output_array(self.name, shape, out)
+        _q4_k_dequantize(blocks, fp16_to_fp32_table(), out.reshape(-1, QK_K))
+        return out
 
 
 Q4_K = register(Q4_KEncoding())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from maxdecl.codecs import register
+from maxdecl.codecs import output_array, register
 from maxdecl.errors import QuantizationError
 
 QK5_0 = 32  # floats per block
@@ -119,7 +119,7 @@ class Q5_0Encoding:
             out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
         return out.reshape(*x.shape[:-1], x.shape[-1] // QK5_0 * self.block_bytes)
 
-    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+    def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q5_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
         shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
@@ -134,10 +134,10 @@ class Q5_0Encoding:
                 f"q5_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
                 f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
         blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
-        out = np.empty((nb, QK5_0), dtype=np.float32)
+        out = output_array(self.name, shape, out)
         _, dequantize = _kernels()
-        dequantize(blocks, _KERNELS["f16"], out)
-        return out.reshape(shape)
+        dequantize(blocks, _KERNELS["f16"], out.reshape(nb, QK5_0))
+        return out
 
 
 Q5_0 = register(Q5_0Encoding())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from maxdecl.codecs import register
+from maxdecl.codecs import output_array, register
 from maxdecl.errors import QuantizationError
 
 QK8_0 = 32  # floats per block
@@ -99,7 +99,7 @@ class Q8_0Encoding:
             out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
         return out.reshape(*x.shape[:-1], x.shape[-1] // QK8_0 * self.block_bytes)
 
-    def dequantize(self, data: np.ndarray, shape) -> np.ndarray:
+    def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q8_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
         shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
@@ -114,10 +114,10 @@ class Q8_0Encoding:
                 f"q8_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
                 f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
         blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
-        out = np.empty((nb, QK8_0), dtype=np.float32)
+        out = output_array(self.name, shape, out)
         _, dequantize = _kernels()
-        dequantize(blocks, _KERNELS["f16"], out)
-        return out.reshape(shape)
+        dequantize(blocks, _KERNELS["f16"], out.reshape(nb, QK8_0))
+        return out
 
 
 Q8_0 = register(Q8_0Encoding())

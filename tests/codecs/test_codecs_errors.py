@@ -69,3 +69,20 @@ def test_quantized_tensor_uses_codecs():
     qt = QuantizedTensor(codecs.get("Q4_K").quantize(x), x.shape, "Q4_K")
     assert qt.encoding == "q4_k" and qt.data.shape == (2, 144)
     np.testing.assert_allclose(qt.dequantize(), x, atol=0.05)
+
+
+@pytest.mark.parametrize("name", ["bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
+def test_bad_out_buffer(name):
+    enc = codecs.get(name)
+    q = enc.quantize(np.ones((2, 256), dtype=np.float32))
+    for bad, why in [(np.empty((2, 256), np.float64), "float64"),
+                     (np.empty((2, 512), np.float32), "[2, 512]"),
+                     (np.empty((256, 2), np.float32).T, "C-contiguous"),
+                     ([0.0] * 512, "list")]:
+        with pytest.raises(QuantizationError, match=why) as e:
+            enc.dequantize(q, (2, 256), out=bad)
+        assert name in str(e.value)
+    ro = np.empty((2, 256), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(QuantizationError, match="writeable"):
+        enc.dequantize(q, (2, 256), out=ro)

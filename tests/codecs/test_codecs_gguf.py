@@ -33,6 +33,10 @@ def test_dequantize_random_blocks_bit_identical(name, rng, random_blocks):
     np.testing.assert_array_equal(_bits(ours), _bits(ref))
     # flat bytes decode the same
     np.testing.assert_array_equal(_bits(enc.dequantize(data.reshape(-1), shape)), _bits(ref))
+    # into a caller's buffer: the same bits, written in place, every element overwritten
+    buf = np.full(shape, np.nan, dtype=np.float32)
+    assert enc.dequantize(data, shape, out=buf) is buf
+    np.testing.assert_array_equal(_bits(buf), _bits(ref))
 
 
 def _inputs(rng, k):
