@@ -22,7 +22,9 @@ import numpy as np
 
 from ..errors import QuantizationError
 
-__all__ = ["QuantizationEncoding", "register", "get", "names", "unregister", "output_array"]
+__all__ = ["QuantizationEncoding", "register", "get", "names", "unregister",
+           # plumbing for writing an encoding (the built-ins use it as a user would)
+           "rows_to_blocks", "bytes_to_blocks", "output_array", "raise_if_flagged"]
 
 
 @runtime_checkable
@@ -87,30 +89,12 @@ def get(name) -> QuantizationEncoding:
             f"unknown encoding {name!r} (known: {', '.join(sorted(_REGISTRY))}){hint}") from None
 
 
-def output_array(name: str, shape, out=None) -> np.ndarray:
-    """The float32 array a ``dequantize`` of logical ``shape`` writes: ``out`` or a new one.
-
-    ``out`` must be a writeable, C-contiguous float32 array of exactly ``shape``;
-    anything else raises ``QuantizationError`` naming encoding ``name``. Writing
-    into a reused buffer skips the page faults of a fresh allocation (for large
-    tensors those cost as much as the dequantize itself).
-    """
-    shape = tuple(shape)
-    if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape:
-        got = (f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray)
-               else type(out).__name__)
-        raise QuantizationError(f"{name}: out= must be float32 {list(shape)}, got {got}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise QuantizationError(f"{name}: out= must be a writeable C-contiguous array")
-    return out
-
-
 def names() -> list[str]:
     """Registered encoding names, sorted."""
     return sorted(_REGISTRY)
 
+
+from ._blocks import bytes_to_blocks, output_array, raise_if_flagged, rows_to_blocks  # noqa: E402
 
 # Built-ins register themselves on import, through the same register() as users.
 from . import bf16, q4_0, q4_k, q6_k  # noqa: E402,F401

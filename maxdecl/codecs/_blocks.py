@@ -1,8 +1,10 @@
-"""Shared plumbing of the built-in encodings: rows <-> blocks, byte-shape math, fp16.
+"""Plumbing for writing an encoding: rows <-> blocks, byte-shape math, output buffers, fp16.
 
 NumPy only (no numba): every function here runs at the codec's Python boundary,
 checks its input once and hands the kernels contiguous ``(n_blocks, ...)`` views.
 Every error is a ``QuantizationError`` naming the encoding and the shapes.
+``rows_to_blocks``, ``bytes_to_blocks``, ``output_array`` and ``raise_if_flagged``
+are public (``md.codecs``): a user's encoding calls them as the built-ins do.
 """
 
 from __future__ import annotations
@@ -97,6 +99,26 @@ def bytes_to_blocks(enc, data, shape) -> tuple[np.ndarray, tuple[int, ...]]:
             f"{list(shape)} (expected {n_bytes} bytes as {list(want)})")
     blocks = np.ascontiguousarray(data).reshape(-1, enc.block_bytes)
     return blocks, shape
+
+
+def output_array(name: str, shape, out=None) -> np.ndarray:
+    """The float32 array a ``dequantize`` of logical ``shape`` writes: ``out`` or a new one.
+
+    ``out`` must be a writeable, C-contiguous float32 array of exactly ``shape``;
+    anything else raises ``QuantizationError`` naming encoding ``name``. Writing
+    into a reused buffer skips the page faults of a fresh allocation (for large
+    tensors those cost as much as the dequantize itself).
+    """
+    shape = tuple(shape)
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or tuple(out.shape) != shape:
+        got = (f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray)
+               else type(out).__name__)
+        raise QuantizationError(f"{name}: out= must be float32 {list(shape)}, got {got}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise QuantizationError(f"{name}: out= must be a writeable C-contiguous array")
+    return out
 
 
 @lru_cache(maxsize=1)

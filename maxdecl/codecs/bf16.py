@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import output_array, register
-from ._blocks import bytes_to_blocks, rows_to_blocks
+from . import register
+from ._blocks import bytes_to_blocks, output_array, rows_to_blocks
 
 
 class BF16Encoding:

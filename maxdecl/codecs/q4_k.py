@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import output_array, register
-from ._blocks import bytes_to_blocks, fp16_to_fp32_table, raise_if_flagged, rows_to_blocks
+from . import register
+from ._blocks import (bytes_to_blocks, fp16_to_fp32_table, output_array,
+                      raise_if_flagged, rows_to_blocks)
 
 QK_K = 256          # floats per super-block
 K_SCALE_SIZE = 12   # bytes of packed 6-bit scales and mins

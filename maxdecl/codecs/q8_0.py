@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from maxdecl.codecs import output_array, register
-from maxdecl.errors import QuantizationError
+from maxdecl.codecs import (bytes_to_blocks, output_array, raise_if_flagged, register,
+                            rows_to_blocks)
 
 QK8_0 = 32  # floats per block
 _KERNELS: dict = {}
@@ -76,47 +76,24 @@ class Q8_0Encoding:
 
         Bit-identical to ``gguf.quants.quantize(x, GGMLQuantizationType.Q8_0)``.
         """
-        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim == 0:
-            got = f"{x.dtype} {list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
-            raise QuantizationError(f"q8_0: quantize expects float32 [..., K], got {got}")
-        if x.shape[-1] % QK8_0:
-            raise QuantizationError(
-                f"q8_0: K = {x.shape[-1]} (input {list(x.shape)}) is not a multiple of {QK8_0}")
-        blocks = np.ascontiguousarray(x).reshape(-1, QK8_0)
+        blocks, out_shape = rows_to_blocks(self, x)
         nb = blocks.shape[0]
         d = np.empty(nb, dtype=np.float32)
         out = np.empty((nb, self.block_bytes), dtype=np.uint8)
         bad = np.zeros(nb, dtype=np.uint8)
         quantize, _ = _kernels()
         quantize(blocks, d, out[:, 2:].view(np.int8), bad)
-        if bad.any():
-            b = int(np.flatnonzero(bad)[0])
-            raise QuantizationError(
-                f"q8_0: input {list(x.shape)} float32 holds NaN or Inf in block {b} (flat "
-                f"elements {b * QK8_0}..{b * QK8_0 + QK8_0 - 1}); "
-                "a block encoding needs finite values")
+        raise_if_flagged(self, bad, x.shape)
         with np.errstate(over="ignore"):   # NumPy's fp16 rounds to nearest even; > 65504 is inf
             out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
-        return out.reshape(*x.shape[:-1], x.shape[-1] // QK8_0 * self.block_bytes)
+        return out.reshape(out_shape)
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q8_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
-            got = data.dtype if isinstance(data, np.ndarray) else type(data).__name__
-            raise QuantizationError(f"q8_0: packed data must be a uint8 array, got {got}")
-        if not shape or shape[-1] % QK8_0:
-            raise QuantizationError(
-                f"q8_0: logical shape {list(shape)} must end in a multiple of {QK8_0}")
-        nb = int(np.prod(shape, dtype=np.int64)) // QK8_0
-        if data.size != nb * self.block_bytes:
-            raise QuantizationError(
-                f"q8_0: {data.size} bytes {list(data.shape)} do not hold logical shape "
-                f"{list(shape)} (expected {nb * self.block_bytes} bytes)")
-        blocks = np.ascontiguousarray(data).reshape(nb, self.block_bytes)
+        blocks, shape = bytes_to_blocks(self, data, shape)
         out = output_array(self.name, shape, out)
         _, dequantize = _kernels()
-        dequantize(blocks, _KERNELS["f16"], out.reshape(nb, QK8_0))
+        dequantize(blocks, _KERNELS["f16"], out.reshape(-1, QK8_0))
         return out
 
 
