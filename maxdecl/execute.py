@@ -78,28 +78,66 @@ def _bound_weights(graph, weights) -> dict:
     return bound
 
 
-def run_graph(graph, inputs, weights=None) -> list:
-    """Execute ``graph`` on ``inputs``; returns its outputs as NumPy arrays."""
+def _plan(graph):
+    """The node loop compiled once per graph state: ``(n_slots, input slots, weight slots,
+    steps, output slots)``; each step is ``(op, attrs, in slots, out slots, slots freed
+    after it, node)``. Intermediates are dropped after their last use, so a step's
+    arrays can reuse memory that is still in cache."""
+    key = (len(graph.nodes), len(graph.inputs), tuple(map(id, graph.outputs)))
+    cached = getattr(graph, "_plan", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     from .ops import _registry
 
+    slot: dict[int, int] = {}
+
+    def slot_of(v) -> int:
+        return slot.setdefault(id(v), len(slot))
+
+    inputs = [slot_of(v) for v in graph.inputs]
+    weights = [(slot_of(n.outputs[0]), n) for n in graph.nodes if n.op == "weight"]
+    nodes = [n for n in graph.nodes if n.op != "weight"]
+    steps = [[_registry.REGISTRY[n.op], n.attrs, [slot_of(v) for v in n.inputs],
+              [slot_of(v) for v in n.outputs], [], n] for n in nodes]
+    outputs = [slot_of(v) for v in graph.outputs]
+    last: dict[int, int] = {}
+    for i, step in enumerate(steps):
+        for s in step[2]:
+            last[s] = i
+    keep = set(outputs)
+    for s, i in last.items():
+        if s not in keep:
+            steps[i][4].append(s)
+    plan = (len(slot), inputs, weights, [tuple(st) for st in steps], outputs)
+    graph._plan = (key, plan)
+    return plan
+
+
+def run_graph(graph, inputs, weights=None) -> list:
+    """Execute ``graph`` on ``inputs``; returns its outputs as NumPy arrays."""
     arrays = [a if isinstance(a, QuantizedTensor) else np.asanyarray(a) for a in inputs]
     bind_inputs(graph, arrays)
     if not graph.outputs:
         raise GraphError(f"{graph.name}: no outputs; call graph.output(...) first")
-    env: dict[int, object] = {id(v): a for v, a in zip(graph.inputs, arrays)}
-    env.update(_bound_weights(graph, weights))
-    for node in graph.nodes:
-        if node.op == "weight":
-            continue
-        args = [env[id(v)] for v in node.inputs]
+    n_slots, input_slots, weight_slots, steps, output_slots = _plan(graph)
+    env: list = [None] * n_slots
+    for s, a in zip(input_slots, arrays):
+        env[s] = a
+    bound = _bound_weights(graph, weights)
+    for s, node in weight_slots:
+        env[s] = bound[id(node.outputs[0])]
+    for op, attrs, ins, outs, free, node in steps:
+        args = [env[s] for s in ins]
         try:
-            outs = _registry.REGISTRY[node.op].run(args, node.attrs)
+            results = op.run(args, attrs)
         except MaxdeclError as e:
             raise GraphError(f"{node.where()}: {e}") from e
         except Exception as e:  # noqa: BLE001 - one error type out of execute
             from .graph import describe_value
-            ins = ", ".join(describe_value(a) for a in args)
-            raise GraphError(f"{node.where()}: {type(e).__name__}: {e} (inputs: {ins})") from e
-        for v, o in zip(node.outputs, outs):
-            env[id(v)] = o
-    return [env[id(v)] for v in graph.outputs]
+            ins_text = ", ".join(describe_value(a) for a in args)
+            raise GraphError(f"{node.where()}: {type(e).__name__}: {e} (inputs: {ins_text})") from e
+        for s, o in zip(outs, results):
+            env[s] = o
+        for s in free:
+            env[s] = None
+    return [env[s] for s in output_slots]

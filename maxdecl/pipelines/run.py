@@ -37,8 +37,11 @@ def run_cli(args) -> int:
 
     res = generate_ids(session, tok, ids, args.max_new_tokens, sampler, on_text=emit)
     out.write("\n")
+    n = len(res.ids)
+    decode = (f"{res.decode_tps:.1f} tokens/s" if n > 1
+              else "no decode step (the first token comes from the prefill)")
     print(f"[{len(res.prompt_ids)} prompt tokens: {res.prefill_tps:.1f} tokens/s; "
-          f"{len(res.ids)} generated tokens: {res.decode_tps:.1f} tokens/s; "
+          f"{n} generated token{'' if n == 1 else 's'}: {decode}; "
           f"stop: {res.stop_reason}]", flush=True)
     return 0
 
