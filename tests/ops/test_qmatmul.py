@@ -150,7 +150,7 @@ def test_ir_f16_is_exact(soft):
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from maxdecl.kernels import qmatmul as kq
+    from maxdecl.kernels import gemv as kq
 
     if not soft and not kq._target_has("f16c"):
         pytest.skip("target CPU has no F16C")

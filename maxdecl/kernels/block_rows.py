@@ -1,0 +1,255 @@
+"""GGML block rows, decoded exactly: scalar helpers and one row decoder per encoding.
+
+The decoders perform the same float32 operations, in the same order, as gguf-py,
+so a decoded row equals ``dequantize`` bit for bit. The GEMM path of
+``qmatmul`` decodes weight tiles with them; the GEMV kernels (``gemv.py``)
+share the scalar helpers.
+
+Block layouts (byte offsets inside one block; fp16 and u32 little-endian):
+
+    q4_0  18 B / 32:  d f16 @0 | qs[16] @2      x[j] <- lo nibble of qs[j], x[j+16] <- hi
+    q5_0  22 B / 32:  d f16 @0 | qh u32 @2 | qs[16] @6   5th bit of element j is qh bit j
+    q8_0  34 B / 32:  d f16 @0 | qs int8[32] @2
+    q4_k 144 B / 256: d f16 @0 | dmin f16 @2 | scales[12] @4 | qs[128] @16
+                      chunk c (64 values): qs[32c:32c+32] lo -> sub-block 2c, hi -> 2c+1
+                      value = d * sc[s] * q - dmin * m[s]
+    q6_k 210 B / 256: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d f16 @208
+    bf16   2 B / 1:   the top 16 bits of a float32
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from .config import CACHE
+
+# Typed constants keep the lane arithmetic in int32 (numba widens int literals to
+# int64, and LLVM then unpacks bytes through 64-bit lanes).
+_I1 = np.int32(1)
+_I4 = np.int32(4)
+_I8 = np.int32(8)
+_I15 = np.int32(15)
+_I16 = np.int32(16)
+_I32 = np.int32(32)
+_I48 = np.int32(48)
+_I63 = np.int32(63)
+_I128 = np.int32(128)
+
+
+# -- scalar helpers -----------------------------------------------------------------
+@intrinsic
+def _bits_f32(typingctx, u):
+    """Reinterpret the low 32 bits of an integer as a float32."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        i32 = context.get_value_type(types.uint32)
+        width = sig.args[0].bitwidth
+        if width > 32:
+            v = builder.trunc(v, i32)
+        elif width < 32:
+            v = builder.zext(v, i32)
+        return builder.bitcast(v, context.get_value_type(types.float32))
+
+    return types.float32(u), codegen
+
+
+@numba.njit(inline="always")
+def _f16(lo, hi):
+    """float32 value of the little-endian fp16 in bytes (lo, hi); exact, inf/NaN kept.
+
+    Branch-free for finite values (block scales have random signs): the fp16 bits
+    moved into float32 position, then the exponent rebiased by a multiply, which
+    is also right for fp16 subnormals and keeps the sign.
+    """
+    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
+    bits = ((h & np.uint32(0x8000)) << np.uint32(16)) | ((h & np.uint32(0x7FFF)) << np.uint32(13))
+    f = _bits_f32(bits) * np.float32(5.192296858534828e33)  # 2**112
+    if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):       # inf / NaN: rare, predictable
+        f = _bits_f32(bits | np.uint32(0x7F800000))
+    return f
+
+
+@numba.njit(inline="always")
+def _bf16(u):
+    return _bits_f32(np.uint32(u) << np.uint32(16))
+
+
+@numba.njit(inline="always")
+def _i8(u):
+    """A uint8 byte read as int8 (two's complement), as int32."""
+    return (np.int32(u) ^ _I128) - _I128
+
+
+@numba.njit(inline="always")
+def _q4k_scale_min(w, o, j):
+    """6-bit (scale, min) of sub-block j from q4_k's 12 scale bytes at w[o:o+12] (one row).
+
+    bytes 0-3: EEaaaaaa (j<4: scale a = low 6 bits; EE = top 2 bits of scale j+4)
+    bytes 4-7: FFbbbbbb (j<4: min   b = low 6 bits; FF = top 2 bits of min j+4)
+    bytes 8-11: mmmmssss (j>=4: low 4 bits of scale (ssss) and of min (mmmm))
+    """
+    if j < 4:
+        sc = np.int32(w[o + j]) & _I63
+        m = np.int32(w[o + j + 4]) & _I63
+    else:
+        b = np.int32(w[o + j + 4])
+        sc = (b & _I15) | ((np.int32(w[o + j - 4]) >> np.int32(6)) << _I4)
+        m = (b >> _I4) | ((np.int32(w[o + j]) >> np.int32(6)) << _I4)
+    return sc, m
+
+
+# -- exact row decoders: the same float32 operations, in the same order, as gguf-py --
+# Not fastmath and not numba-inlined, so callers' flags never reach them (LLVM may
+# still inline them; instruction flags stay exact).
+# _OPAQUE_TRIP: inner trip counts are written so LLVM cannot see them as constants
+# (16 + 16 * (k < 0)). A constant 16/32 gets the loop fully unrolled, and the
+# unrolled stores (f32 dst may alias u8 w) stay scalar; an unknown count goes to
+# the loop vectorizer, which checks aliasing at run time (measured 2-4x faster).
+@numba.njit(cache=CACHE)
+def _dec_q4_0(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    for b in range(k // 32):
+        o = b * 18
+        d = _f16(w[o], w[o + 1])
+        for j in range(n16):
+            q = np.int32(w[o + 2 + j])
+            dst[b * 32 + j] = d * np.float32((q & _I15) - _I8)
+            dst[b * 32 + 16 + j] = d * np.float32((q >> _I4) - _I8)
+
+
+@numba.njit(cache=CACHE)
+def _dec_q5_0(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    for b in range(k // 32):
+        o = b * 22
+        d = _f16(w[o], w[o + 1])
+        qh = (np.int32(w[o + 2]) | (np.int32(w[o + 3]) << np.int32(8))
+              | (np.int32(w[o + 4]) << _I16) | (np.int32(w[o + 5]) << np.int32(24)))
+        for j in range(n16):
+            q = np.int32(w[o + 6 + j])
+            sh = np.int32(j)
+            lo = (q & _I15) | (((qh >> sh) & _I1) << _I4)
+            hi = (q >> _I4) | (((qh >> (sh + _I16)) & _I1) << _I4)
+            dst[b * 32 + j] = d * np.float32(lo - _I16)
+            dst[b * 32 + 16 + j] = d * np.float32(hi - _I16)
+
+
+@numba.njit(cache=CACHE)
+def _dec_q8_0(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    n32 = 2 * n16
+    for b in range(k // 32):
+        o = b * 34
+        d = _f16(w[o], w[o + 1])
+        for j in range(n32):
+            dst[b * 32 + j] = d * np.float32(_i8(w[o + 2 + j]))
+
+
+@numba.njit(cache=CACHE)
+def _dec_q4_k(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    n32 = 2 * n16
+    for b in range(k // 256):
+        o = b * 144
+        d = _f16(w[o], w[o + 1])
+        dmin = _f16(w[o + 2], w[o + 3])
+        for c in range(4):
+            sc0, m0 = _q4k_scale_min(w, o + 4, 2 * c)
+            sc1, m1 = _q4k_scale_min(w, o + 4, 2 * c + 1)
+            d0 = d * np.float32(sc0)
+            d1 = d * np.float32(sc1)
+            dm0 = dmin * np.float32(m0)
+            dm1 = dmin * np.float32(m1)
+            qo = o + 16 + 32 * c
+            xo = b * 256 + 64 * c
+            for j in range(n32):
+                q = np.int32(w[qo + j])
+                dst[xo + j] = d0 * np.float32(q & _I15) - dm0
+                dst[xo + 32 + j] = d1 * np.float32(q >> _I4) - dm1
+
+
+@numba.njit(cache=CACHE)
+def _dec_q6_k(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
+    for b in range(k // 256):
+        o = b * 210
+        d = _f16(w[o + 208], w[o + 209])
+        for h in range(2):
+            ql = o + h * 64
+            qh = o + 128 + h * 32
+            so = o + 192 + h * 8
+            xo = b * 256 + h * 128
+            for half in range(2):
+                s0 = d * np.float32(_i8(w[so + half]))
+                s1 = d * np.float32(_i8(w[so + half + 2]))
+                s2 = d * np.float32(_i8(w[so + half + 4]))
+                s3 = d * np.float32(_i8(w[so + half + 6]))
+                for j in range(16 * half, 16 * half + n16):
+                    a = np.int32(w[ql + j])
+                    c = np.int32(w[ql + 32 + j])
+                    e = np.int32(w[qh + j])
+                    dst[xo + j] = s0 * np.float32(((a & _I15) | ((e << _I4) & _I48)) - _I32)
+                    dst[xo + 32 + j] = s1 * np.float32(
+                        ((c & _I15) | ((e << np.int32(2)) & _I48)) - _I32)
+                    dst[xo + 64 + j] = s2 * np.float32(((a >> _I4) | (e & _I48)) - _I32)
+                    dst[xo + 96 + j] = s3 * np.float32(
+                        ((c >> _I4) | ((e >> np.int32(2)) & _I48)) - _I32)
+
+
+@numba.njit(cache=CACHE)
+def _dec_bf16(w, dst):
+    # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    k = dst.shape[0]
+    for i in range(k):
+        dst[i] = _bits_f32((np.uint32(w[2 * i]) << np.uint32(16))
+                           | (np.uint32(w[2 * i + 1]) << np.uint32(24)))
+
+
+KINDS = {"q4_0": 0, "q5_0": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "bf16": 5}
+
+
+@numba.njit(cache=CACHE)
+def _decode_row(kind, w, r, dst):
+    # w: (N, K//be*bb) u8, row r -> dst: (K,) f32; kind indexes KINDS
+    if kind == 0:
+        _dec_q4_0(w[r], dst)
+    elif kind == 1:
+        _dec_q5_0(w[r], dst)
+    elif kind == 2:
+        _dec_q8_0(w[r], dst)
+    elif kind == 3:
+        _dec_q4_k(w[r], dst)
+    elif kind == 4:
+        _dec_q6_k(w[r], dst)
+    else:
+        _dec_bf16(w[r], dst)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _deq_tile(kind, w, r0, r1, out):
+    # w: (N, ...) u8 rows [r0, r1) -> out: (r1 - r0, K) f32
+    for i in numba.prange(r1 - r0):
+        _decode_row(kind, w, r0 + i, out[i])
+
+
+def dequantize_rows(w: np.ndarray, encoding: str, k: int, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of ``w`` decoded exactly to float32 (r1 - r0, k)."""
+    out = np.empty((r1 - r0, k), np.float32)
+    _deq_tile(KINDS[encoding], w, r0, r1, out)
+    return out
