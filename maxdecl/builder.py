@@ -7,6 +7,8 @@ YAML node that declared it (so a ``GraphError`` names ``specs/x.yaml:41:7``).
 
 The one spec-level op, ``linear(x, w, bias?) = x @ w.T (+ bias)``, lowers to
 ``qmatmul`` when ``w`` is quantized and to ``matmul(x, transpose(w))`` otherwise.
+A weight the bound TensorDict lacks takes its spec ``absent:`` stand-in (an
+earlier weight's value, or a constant fill); without one it is reported missing.
 
 Graph inputs and outputs carry names: ``graph.inputs[k].name`` and
 ``graph.output_names[k]``. An output named like an input (``blk.3.kv_cache``) is
@@ -87,7 +89,10 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
                 elif isinstance(step, PWeight):
                     scopes.enter(step.layer)
                     with g.origin(where):
-                        wvals[step.name] = _declare_weight(g, step, weights)
+                        if weights is not None and step.name not in weights and step.absent:
+                            wvals[step.name] = _stand_in(g, step, wvals)
+                        else:
+                            wvals[step.name] = _declare_weight(g, step, weights)
                 elif isinstance(step, POp):
                     scopes.enter(step.layer)
                     args = [env[r.target] if r.kind == "value" else
@@ -126,6 +131,18 @@ def _declare_weight(g, w: PWeight, weights):
             return g.weight(w.name, TensorType(DType.float32, w.shape), w.encoding)
     v = g.weight(w.name, TensorType(dtype, w.shape), None)
     return ops.cast(v, DType.float32) if dtype == "float16" else v
+
+
+def _stand_in(g, w: PWeight, wvals: dict):
+    """The value used for a weight the bound weights lack (its spec ``absent:``): an
+    earlier weight's value (a tied output) or a float32 constant filled as declared."""
+    import numpy as np
+
+    if w.absent.kind == "weight":
+        return wvals[w.absent.target]
+    fill = np.asarray(w.absent.target, np.float32)
+    return g.constant(np.broadcast_to(fill.reshape(w.shape) if fill.ndim else fill, w.shape)
+                      .copy())
 
 
 def _apply(op: str, args: list, attrs: dict) -> list:
@@ -176,10 +193,12 @@ class _Scopes:
 
 
 def check_weights(prog: Program, weights) -> None:
-    """Raise one WeightsError listing every missing, unexpected and mis-shaped weight."""
+    """Raise one WeightsError listing every missing, unexpected and mis-shaped weight
+    (a weight with an ``absent:`` stand-in may be missing)."""
     want = {w.name: tuple(w.shape) for w in prog.weights}
+    optional = {w.name for w in prog.weights if w.absent is not None}
     have = set(weights.keys())
-    missing = [n for n in want if n not in have]
+    missing = [n for n in want if n not in have and n not in optional]
     unexpected = [n for n in weights.keys() if n not in want]
     misshaped = []
     for n, shape in want.items():

@@ -75,9 +75,10 @@ SIGNATURES.update({
     "rms_norm": OpSig(("x", "weight"), attrs={"epsilon": 1e-6}),
     # transformer
     "embedding": OpSig(("table", "ids"), doc="rows of table (float or quantized)"),
-    "rope": OpSig(("x", "positions"), attrs={"theta": 10000.0, "style": "normal",
-                                             "scale": 1.0, "dim": None},
-                  doc="rotary position embedding on x[..., seq, heads, head_dim]"),
+    "rope": OpSig(("x", "positions"), optional=("freq_factors",),
+                  attrs={"theta": 10000.0, "style": "normal", "scale": 1.0, "dim": None},
+                  doc="rotary position embedding on x[..., seq, heads, head_dim]; "
+                      "freq_factors[dim // 2] divide the rotation frequencies"),
     "attention": OpSig(("q", "k", "v"), optional=("kv_cache",),
                        attrs={"causal": True, "scale": None, "sliding_window": None,
                               "alibi_slopes": None, "softcap": None},

@@ -125,6 +125,25 @@ def test_kv_cache_outputs_feed_back_as_inputs(name):
     assert next(iter(caches.values())).shape[1] == 7
 
 
+def test_absent_weights_take_their_stand_ins():
+    """llama3: without rope_freqs.weight the divisors are ones, without output.weight
+    the output projection is token_embd.weight; other weights stay required."""
+    spec = md.load_spec(SPECS / "llama3.yaml", "tiny")
+    td = random_weights(spec, scale=0.2)
+    del td["rope_freqs.weight"], td["output.weight"]
+    g = md.build(spec, weights=td)
+    assert "output.weight" not in g.weights and "rope_freqs.weight" not in g.weights
+    full = md.TensorDict({n: td[n] for n in td.keys()})
+    full["rope_freqs.weight"] = np.ones(32, np.float32)
+    full["output.weight"] = td["token_embd.weight"]
+    g2 = md.build(spec, weights=full)
+    np.testing.assert_array_equal(g.execute(*graph_inputs(g), weights=td)[0],
+                                  g2.execute(*graph_inputs(g2), weights=full)[0])
+    del td["blk.0.ffn_up.weight"]
+    with pytest.raises(md.WeightsError, match="1 missing: blk.0.ffn_up.weight$"):
+        md.build(spec, weights=td)
+
+
 def test_graph_error_names_spec_position_and_layer(tmp_path):
     bad = tmp_path / "bad.yaml"
     # fc2 declared with the wrong K: [d_out, d_in] instead of [d_out, hidden]

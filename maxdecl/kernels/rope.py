@@ -44,28 +44,37 @@ def _inv_freq(theta: float, dim: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _cos_sin(theta: float, scale: float, dim: int, positions: bytes):
-    """float32 cos and sin tables (S, dim // 2) for int64 ``positions`` (as bytes).
+def _cos_sin(theta: float, scale: float, dim: int, positions: bytes, factors: bytes | None):
+    """float32 cos and sin tables (S, dim // 2) for int64 ``positions`` (as bytes) and
+    float32 frequency divisors ``factors`` (as bytes; None: all ones).
 
     Cached: in one step every layer rotates q and k at the same positions."""
     pos = np.frombuffer(positions, dtype=np.int64).astype(np.float64)
-    ang = (pos / scale)[:, None] * _inv_freq(theta, dim)[None, :]
+    inv = _inv_freq(theta, dim)
+    if factors is not None:
+        f = np.frombuffer(factors, dtype=np.float32).astype(np.float64)
+        if not np.all(np.isfinite(f) & (f != 0)):
+            raise ValueError(f"freq_factors must be finite and non-zero, got {f.tolist()}")
+        inv = inv / f
+    ang = (pos / scale)[:, None] * inv[None, :]
     cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     cos.setflags(write=False)
     sin.setflags(write=False)
     return cos, sin
 
 
-def rope(x, positions, theta, neox, scale, dim) -> np.ndarray:
+def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray:
     """x: (..., S, H, Dh) f32, positions: (S,) int -> rotated float32 copy.
 
-    Angle of pair i at position p: ``(p / scale) * theta ** (-2i / dim)``, computed in
-    float64 and rounded to float32 cos/sin.
+    Angle of pair i at position p: ``(p / scale) * theta ** (-2i / dim) / freq_factors[i]``
+    (factors default to 1), computed in float64 and rounded to float32 cos/sin.
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     S, H, Dh = x.shape[-3:]
     pos = np.ascontiguousarray(positions, dtype=np.int64)
-    cos, sin = _cos_sin(float(theta), float(scale), int(dim), pos.tobytes())
+    factors = (None if freq_factors is None
+               else np.ascontiguousarray(freq_factors, dtype=np.float32).reshape(-1).tobytes())
+    cos, sin = _cos_sin(float(theta), float(scale), int(dim), pos.tobytes(), factors)
     x4 = x.reshape(-1, S, H, Dh)
     out = np.empty_like(x4)
     if out.size:

@@ -70,7 +70,7 @@ def _normalize_rope(attrs):
 
 
 def _rope_infer(inputs, attrs):
-    x, pos = inputs
+    x, pos, *factors = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x)
     _checks.int_input(pos, "positions")
@@ -88,34 +88,45 @@ def _rope_infer(inputs, attrs):
         raise ValueError(f"rotated dim {rot} must be even and in 2..{hd} (head_dim)")
     if attrs["theta"] <= 0 or attrs["scale"] <= 0:
         raise ValueError(f"theta ({attrs['theta']}) and scale ({attrs['scale']}) must be > 0")
+    if factors:
+        f = factors[0]
+        _checks.float_input(f, "freq_factors")
+        _checks.no_bfloat16(f)
+        if f.rank != 1 or not _checks.dims_equal(f.shape[0], rot // 2):
+            raise ValueError(f"freq_factors{format_shape(f.shape)} must be [{rot // 2}] "
+                             f"(one per rotated pair of x{format_shape(x.shape)})")
     return [x.type]
 
 
 def _rope_run(args, attrs):
     from ..kernels import rope as k
 
-    x, pos = args
+    x, pos, *factors = args
     dim = attrs["dim"] or x.shape[-1]
-    out = k.rope(x, pos, attrs["theta"], attrs["style"] == "neox", attrs["scale"], dim)
+    out = k.rope(x, pos, attrs["theta"], attrs["style"] == "neox", attrs["scale"], dim,
+                 factors[0] if factors else None)
     return [out.astype(x.dtype, copy=False)]
 
 
 register("rope", infer=_rope_infer, run=_rope_run, normalize=_normalize_rope, kind="transformer")
 
 
-def rope(x, positions, theta=10000.0, style="normal", scale=1.0, dim=None):
+def rope(x, positions, theta=10000.0, style="normal", scale=1.0, dim=None,
+         freq_factors=None):
     """Rotary position embedding on ``x`` ``[..., seq, heads, head_dim]``.
 
     Pair ``i`` (of ``dim // 2``, default ``head_dim // 2``) at position ``p`` rotates by
-    ``(p / scale) * theta ** (-2i / dim)``. ``style="normal"``: pairs ``(x[2i], x[2i+1])``
-    (GGML's default rope); ``"neox"``: pairs ``(x[i], x[i + dim/2])`` (HF Llama/Gemma).
-    Features past ``dim`` pass through unchanged.
+    ``(p / scale) * theta ** (-2i / dim) / freq_factors[i]`` (factors default to 1;
+    llama.cpp's ``rope_freqs``, Llama 3.1 scaling). ``style="normal"``: pairs
+    ``(x[2i], x[2i+1])`` (GGML's default rope); ``"neox"``: pairs ``(x[i], x[i + dim/2])``
+    (HF Llama/Gemma). Features past ``dim`` pass through unchanged.
 
     Example::
 
         q = md.ops.rope(q, positions, theta=500000.0, style="neox")
     """
-    return apply("rope", [x, positions], theta=theta, style=style, scale=scale, dim=dim)[0]
+    inputs = [x, positions] if freq_factors is None else [x, positions, freq_factors]
+    return apply("rope", inputs, theta=theta, style=style, scale=scale, dim=dim)[0]
 
 
 # -- attention --------------------------------------------------------------------------

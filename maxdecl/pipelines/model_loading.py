@@ -104,7 +104,8 @@ def random_weights(prog, seed: int = 0) -> TensorDict:
     """Seeded random weights for every weight a Program declares, in its encodings.
 
     Norm-like 1-D weights are near 1, matrices ~ N(0, 1/fan_in), so activations stay
-    in range through many layers.
+    in range through many layers. A weight whose ``absent:`` stand-in is a fill value
+    (such as RoPE frequency divisors) is left out: the builder fills it.
     """
     from .. import codecs
 
@@ -112,6 +113,8 @@ def random_weights(prog, seed: int = 0) -> TensorDict:
     td = TensorDict()
     for w in prog.weights:
         shape = tuple(int(d) for d in w.shape)
+        if w.absent is not None and w.absent.kind == "fill":
+            continue
         if len(shape) == 1:
             x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
@@ -141,16 +144,37 @@ def _tokenizer_for(path: str, meta: dict):
 
 
 def prepare_weights(spec, weights, params: dict) -> TensorDict:
-    """Map foreign tensor names to the spec's (``formats.<fmt>.tensors``)."""
-    from ..weights import remap
+    """Map foreign tensor names to the spec's (``formats.<fmt>.tensors`` and
+    ``transforms``) and add the tensors the format implies (``computed``).
+
+    Weights with an ``absent:`` stand-in may be missing (the builder fills them)."""
+    from ..weights import compute_tensors, remap
 
     fmt = weights.metadata.get("maxdecl.format") if hasattr(weights, "metadata") else None
     section = dict(spec.formats.get(fmt, {}) or {}) if fmt else {}
-    if section.get("tensors") and isinstance(section["tensors"], dict):
-        prog = spec.program(spec.variant, params, check_encodings=False)
-        full = {**dict(spec.params), **params}
-        return remap(weights, dict(section["tensors"]), dict(section.get("transforms") or {}),
-                     full, expected=[w.name for w in prog.weights])
+    mapped = isinstance(section.get("tensors"), dict) and section["tensors"]
+    computed = section.get("computed") if isinstance(section.get("computed"), dict) else None
+    if not (mapped or computed):
+        return weights
+    prog = spec.program(spec.variant, params, check_encodings=False)
+    full = dict(prog.params)                # derived params follow the weights' own
+    extra = compute_tensors(computed, full, {w.name: w.shape for w in prog.weights})
+    if mapped:
+        expected = [w.name for w in prog.weights if w.absent is None and w.name not in extra]
+        weights = remap(weights, dict(section["tensors"]),
+                        dict(section.get("transforms") or {}), full, expected=expected)
+    else:                                   # a new dict sharing the arrays (no copies)
+        import copy
+
+        shallow = TensorDict(metadata=copy.deepcopy(dict(weights.metadata)))
+        for name, value in weights.items():
+            shallow[name] = value
+        weights = shallow
+    for name, value in extra.items():
+        if name in weights:
+            raise WeightsError(f"{name}: the weights have it and formats.{fmt}.computed "
+                               "computes it; keep one")
+        weights[name] = value
     return weights
 
 

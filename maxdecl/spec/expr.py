@@ -51,11 +51,44 @@ def alibi_slopes(n_heads, max_bias=8.0) -> list:
     return [m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(n_heads)]
 
 
+def llama3_rope_factors(head_dim, theta, factor, low_freq_factor, high_freq_factor,
+                       original_context) -> list:
+    """Per-frequency RoPE divisors of Llama 3.1 / 3.2 (``rope_type: llama3``).
+
+    For pair ``i`` of ``head_dim // 2``, with ``inv = theta ** (-2i / head_dim)`` and
+    ``wavelen = 2 pi / inv``: 1 when ``wavelen < original_context / high_freq_factor``,
+    ``factor`` when ``wavelen > original_context / low_freq_factor``, else
+    ``1 / ((1 - s) / factor + s)`` with ``s = (original_context / wavelen -
+    low_freq_factor) / (high_freq_factor - low_freq_factor)``. These are the values
+    llama.cpp's converter stores as ``rope_freqs.weight``; rope divides each rotation
+    frequency by its factor.
+
+    >>> llama3_rope_factors(4, 10000.0, 8.0, 1.0, 4.0, 64)
+    [1.0, 8.0]
+    """
+    head_dim, theta, factor = int(head_dim), float(theta), float(factor)
+    low, high, ctx = float(low_freq_factor), float(high_freq_factor), float(original_context)
+    if head_dim <= 0 or head_dim % 2 or theta <= 0 or factor <= 0 or ctx <= 0:
+        raise ExprError(f"llama3_rope_factors: needs an even head_dim > 0 and theta, factor, "
+                        f"original_context > 0; got {head_dim}, {theta}, {factor}, {ctx}")
+    out = []
+    for i in range(head_dim // 2):
+        wavelen = 2.0 * math.pi * theta ** (2.0 * i / head_dim)
+        if wavelen < ctx / high:
+            out.append(1.0)
+        elif wavelen > ctx / low:
+            out.append(factor)
+        else:
+            smooth = (ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1.0 - smooth) / factor + smooth))
+    return out
+
+
 FUNCTIONS = {
     "min": min, "max": max, "abs": abs, "round": round, "int": int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor,
-    "alibi_slopes": alibi_slopes,
+    "alibi_slopes": alibi_slopes, "llama3_rope_factors": llama3_rope_factors,
 }
 
 _BINOPS = {

@@ -39,11 +39,15 @@ class IODecl:
 
 @dataclass(frozen=True)
 class WeightDecl:
-    """A weight of a layer: local name (``weight``) and raw shape."""
+    """A weight of a layer: local name (``weight``), raw shape and, when the weights
+    may lack it, what stands in (``absent``: a weight name or a fill value)."""
 
     local: str
     shape: tuple
     pos: Pos
+    shape_ptr: str = ""               # JSON pointer of the shape list
+    absent: object = None             # raw: weight name, number or "{expr}"; None: required
+    absent_pos: Pos | None = None
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,8 @@ class Spec:
 class Ref:
     """An op input after resolution: a value id, a weight name or a scalar."""
 
-    kind: str          # "value" | "weight" | "scalar"
-    target: object     # value id (int) | weight name (str) | number
+    kind: str          # "value" | "weight" | "scalar" | "fill" (a weight's stand-in)
+    target: object     # value id (int) | weight name (str) | number | number or list
 
 
 @dataclass(frozen=True)
@@ -177,13 +181,18 @@ class PConst:
 
 @dataclass(frozen=True)
 class PWeight:
-    """A weight: full name, integer shape, encoding by the spec's rules."""
+    """A weight: full name, integer shape, encoding by the spec's rules.
+
+    ``absent`` says what the builder uses when bound weights lack it: a
+    ``Ref("weight", name)`` of an earlier weight, a ``Ref("fill", value)`` (number
+    or flat list), or None (the weight is required)."""
 
     name: str
     shape: tuple
     encoding: str
     layer: tuple          # layer path segments of the declaring layer
     pos: Pos
+    absent: "Ref | None" = None
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,15 @@ class _Parser:
     def layer(self, d, ptr) -> LayerDecl:
         weights = []
         if isinstance(d.get("weights"), dict):
-            for k, shape in d["weights"].items():
+            for k, w in d["weights"].items():
                 p = f"{ptr}/weights/{pointer_escape(k)}"
-                weights.append(WeightDecl(str(k), tuple(shape) if isinstance(shape, list)
-                                          else (), self.pos(p)))
+                full = w if isinstance(w, dict) else {"shape": w}    # [dims] or {shape, absent}
+                shape = full.get("shape")
+                weights.append(WeightDecl(
+                    str(k), tuple(shape) if isinstance(shape, list) else (), self.pos(p),
+                    shape_ptr=f"{p}/shape" if isinstance(w, dict) else p,
+                    absent=full.get("absent"),
+                    absent_pos=self.pos(f"{p}/absent") if "absent" in full else None))
         ins = d.get("in", ())
         ins = ins if isinstance(ins, list) else [ins] if "in" in d else []
         in_ptr = f"{ptr}/in"

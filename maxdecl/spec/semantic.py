@@ -217,6 +217,7 @@ class Expander:
             else:
                 self.problem(pos, f"unknown weight {name!r}" + _hint(name, self.weights)
                              + " (weights are <layer path>.<name> from `weights:`)")
+        self.check_computed()
         for w in self.weights.values():
             if w.name not in self.used_weights:
                 self.problem(w.pos, f"weight {w.name!r} is declared but no op uses it "
@@ -287,10 +288,12 @@ class Expander:
     def layer(self, decl: LayerDecl, path, env, ns, wscope, blocks):
         kinds = [k for k, v in (("op", decl.op), ("layers", decl.children or None),
                                 ("block", decl.block)) if v is not None]
-        if len(kinds) != 1:
+        weights_only = not kinds and decl.weights and not (decl.ins or decl.outs or decl.attrs)
+        if len(kinds) != 1 and not weights_only:
             found = " and ".join(f"`{k}`" for k in kinds) or "none"
             self.problem(decl.pos, f"a layer needs exactly one of `op`, `layers` or `block` "
-                                   f"(found {found})")
+                                   f"(found {found}; a layer with only `weights:` declares "
+                                   "weights that later ops use by full name)")
             self.bind([n for n, _ in decl.outs], ns)
             return
         if decl.name is None and (decl.weights or decl.children or decl.block):
@@ -349,7 +352,7 @@ class Expander:
         local = {}
         for w in decl.weights:
             full = ".".join(path + (w.local,))
-            shape = self.shape(w.shape, env, w.pos.ptr, symbolic=False)
+            shape = self.shape(w.shape, env, w.shape_ptr or w.pos.ptr, symbolic=False)
             enc = self.encoding_for(full, env)
             if not w.shape:
                 self.problem(w.pos, f"weight {full!r}: expected a shape list such as [dim]")
@@ -361,7 +364,8 @@ class Expander:
                                         f"is not a multiple of {enc}'s block of {block} "
                                         "elements; choose another encoding for it under "
                                         "`encodings.overrides`")
-            pw = PWeight(full, shape or (), enc or "f32", path, w.pos)
+            absent = self.absent(w, full, shape, env)
+            pw = PWeight(full, shape or (), enc or "f32", path, w.pos, absent)
             self.weights[full] = pw
             self.steps.append(pw)
             local[w.local] = full
@@ -377,6 +381,75 @@ class Expander:
             vid = self.lookup(name, ns, pos)
             if vid is not None:
                 self.add_output(".".join(path + (name,)), vid, pos, self.layer_outputs)
+
+    def absent(self, w, full: str, shape, env):
+        """A weight's ``absent:`` stand-in as a Ref: an earlier weight of the same shape
+        (``token_embd.weight``), or a fill value (a number, or ``"{expr}"`` giving a
+        number or a list of ``prod(shape)`` numbers). None when required or invalid."""
+        raw, pos = w.absent, w.absent_pos
+        if raw is None or pos is None:
+            return None
+        whole = isinstance(raw, str) and is_template(raw) and len(_parts(raw)) == 1 \
+            and _parts(raw)[0][0]
+        if _is_num(raw) or whole:
+            value = self.render(raw, env, pos, "absent")
+            return self.fill(value, full, shape, pos, "absent")
+        if not isinstance(raw, str) or not raw.strip():
+            self.problem(pos, f"absent: expected a weight name or a number, got {raw!r}")
+            return None
+        name = self.render(raw.strip(), env, pos, "absent")
+        if name is None:
+            return None
+        name = str(name)
+        other = self.weights.get(name)
+        if other is None or name == full:
+            self.problem(pos, f"absent: unknown weight {name!r}{_hint(name, self.weights)} "
+                              "(a stand-in is a weight declared before this one)")
+            return None
+        if shape is not None and other.shape and tuple(other.shape) != tuple(shape):
+            self.problem(pos, f"absent: weight {name!r} has shape {list(other.shape)}, but "
+                              f"{full!r} is {list(shape)}")
+            return None
+        self.used_weights.add(name)
+        return Ref("weight", name)
+
+    def fill(self, value, full: str, shape, pos: Pos, what: str):
+        """Check a fill value for weight ``full``: a number or a flat list of prod(shape)
+        numbers. Returns Ref("fill", value), or None (reported)."""
+        if value is None:
+            return None
+        if _is_num(value):
+            return Ref("fill", value)
+        size = 1
+        for d in shape or ():
+            size *= d
+        if (isinstance(value, list) and all(_is_num(v) for v in value)
+                and (shape is None or len(value) == size)):
+            return Ref("fill", value)
+        got = f"a list of {len(value)}" if isinstance(value, list) else repr(value)
+        self.problem(pos, f"{what}: {full!r} needs a number or a list of {size} numbers "
+                          f"(shape {list(shape or ())}), got {got}")
+        return None
+
+    def check_computed(self):
+        """``formats.<fmt>.computed``: weight name -> fill value computed from params
+        (the loader adds it to foreign weights); each must name a declared weight and
+        evaluate, for this variant, to None, a number or a list of the right size."""
+        for fmt, section in self.spec.formats.items():
+            table = section.get("computed") if isinstance(section, dict) else None
+            if not isinstance(table, dict):
+                continue
+            base = f"/formats/{pointer_escape(fmt)}/computed"
+            for name, raw in table.items():
+                ptr = f"{base}/{pointer_escape(name)}"
+                w = self.weights.get(str(name))
+                if w is None:
+                    self.problem(self.at(ptr, key=True),
+                                 f"computed: unknown weight {name!r}{_hint(name, self.weights)}")
+                    continue
+                pos = self.at(ptr)
+                self.fill(self.render(raw, self.env, pos, "computed"), w.name, w.shape, pos,
+                          "computed")
 
     def ref(self, raw, pos: Pos, env, ns, wscope):
         """Resolve one op input to a Ref (or None after reporting a problem)."""
@@ -540,6 +613,13 @@ class Expander:
         results = [self.lookup(name, bns, pos) for name, pos in block.outputs]
         for name, vid in zip(outs, results):
             ns[name] = vid if vid is not None else self.new_value(name)
+
+
+def _parts(text: str) -> list:
+    try:
+        return split_template(text)
+    except ExprError:
+        return [(False, text)]
 
 
 def _default_dtype(value) -> str:

@@ -24,11 +24,11 @@ from ..tensors import TensorDict
 from .gguf import load_gguf, read_gguf_metadata
 from .hf import load_hf, load_safetensors, read_hf_config
 from .llama2c import load_llama2c, read_llama2c_header
-from .mapping import permute_qk, remap
+from .mapping import compute_tensors, permute_qk, remap
 
 __all__ = ["load_weights", "detect_format", "load_gguf", "read_gguf_metadata", "load_hf",
            "load_safetensors", "read_hf_config", "load_llama2c", "read_llama2c_header",
-           "remap", "permute_qk"]
+           "remap", "permute_qk", "compute_tensors"]
 
 _TRIED = ("GGUF (magic 'GGUF'), safetensors (header length + JSON), llama2.c v1/v2 "
           "(magic 'ak42'), legacy llama2.c (plausible header and exact size), "

@@ -24,6 +24,10 @@ the target. Transforms, applied in declaration order:
 
 A transform value that is a string names a parameter in ``params``
 (``n_heads`` or ``"{n_heads}"``).
+
+A spec may also declare tensors a foreign format does not store but implies
+(``computed``: spec weight name -> number or ``"{expression}"`` over the params);
+``compute_tensors`` evaluates them, e.g. Llama 3.1's RoPE divisors from config.json.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numpy as np
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor, TensorDict
 
-__all__ = ["remap", "permute_qk", "TRANSFORMS"]
+__all__ = ["remap", "permute_qk", "compute_tensors", "TRANSFORMS"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -210,4 +214,48 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                 except (WeightsError, ValueError, TypeError) as e:
                     raise WeightsError(f"{target} (from {source}): {e}") from None
         out[target] = value
+    return out
+
+
+def compute_tensors(computed: dict, params: dict, shapes: dict) -> dict:
+    """Evaluate a spec's ``computed`` table: ``{weight name: value or "{expr}"}``.
+
+    Each value is evaluated over ``params``; None adds nothing, a number fills the
+    weight's shape (from ``shapes``), a list gives all its elements in order.
+
+    Returns:
+        ``{weight name: float32 ndarray}`` for the entries that gave a value.
+
+    Raises:
+        WeightsError: an unknown weight, an expression that does not evaluate, or a
+            list of the wrong size.
+
+    Example::
+
+        compute_tensors({"rope_freqs.weight": "{[1.0] * (head_dim // 2)}"},
+                        {"head_dim": 4}, {"rope_freqs.weight": (2,)})
+    """
+    from ..spec.expr import ExprError, render
+
+    out = {}
+    for name, raw in (computed or {}).items():
+        if name not in shapes:
+            raise WeightsError(f"computed {name!r}: the spec declares no such weight")
+        try:
+            value = render(raw, params)
+        except ExprError as e:
+            raise WeightsError(f"computed {name!r}: {e}") from None
+        if value is None:
+            continue
+        shape = tuple(int(d) for d in shapes[name])
+        try:
+            arr = None if isinstance(value, (str, bool)) else np.asarray(value, np.float32)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is None or (arr.ndim and arr.size != int(np.prod(shape))):
+            raise WeightsError(f"computed {name!r}: expected a number or a list of "
+                               f"{int(np.prod(shape))} numbers for shape {list(shape)}, "
+                               f"got {value!r}")
+        out[name] = np.ascontiguousarray(np.broadcast_to(arr, shape) if arr.ndim == 0
+                                         else arr.reshape(shape))
     return out

@@ -191,8 +191,52 @@ def hf_state(model) -> dict:
     return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
 
-def llama_to_gguf(model, path, quantize=None) -> str:
-    """Write a LlamaForCausalLM as a llama.cpp GGUF (arch ``llama``)."""
+def rope_scaling(cfg) -> dict | None:
+    """The llama3 rope-scaling parameters of a config (``rope_parameters`` in
+    transformers >= 5, ``rope_scaling`` before), or None."""
+    for attr in ("rope_parameters", "rope_scaling"):
+        rp = getattr(cfg, attr, None)
+        if isinstance(rp, dict) and rp.get("rope_type", rp.get("type")) == "llama3":
+            return rp
+    return None
+
+
+def llama_cpp_rope_freqs(cfg) -> np.ndarray | None:
+    """``rope_freqs.weight`` as convert_hf_to_gguf.py computes it (float32 torch
+    frequencies, per-frequency divisors), or None without llama3 rope scaling.
+
+    (The converter reads ``original_max_position_embeddings`` from the top level of
+    config.json, defaulting to 8192 - the value inside rope_scaling for every real
+    Llama 3.x; here it is taken from the scaling parameters.)"""
+    import math
+
+    import torch
+
+    rp = rope_scaling(cfg)
+    if rp is None:
+        return None
+    base = _rope_theta(cfg)
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+    old_ctx = rp["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(1)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def llama_to_gguf(model, path, quantize=None, rope_freqs=True) -> str:
+    """Write a LlamaForCausalLM as a llama.cpp GGUF (arch ``llama``): with llama3 rope
+    scaling a ``rope_freqs.weight`` tensor (unless ``rope_freqs=False``: a negative
+    control), and no ``output.weight`` when the embeddings are tied."""
     import gguf
 
     cfg, sd = model.config, hf_state(model)
@@ -212,6 +256,9 @@ def llama_to_gguf(model, path, quantize=None) -> str:
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(w, cfg.vocab_size)
     t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    freqs = llama_cpp_rope_freqs(cfg)
+    if freqs is not None and rope_freqs:
+        t["rope_freqs.weight"] = freqs
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         t[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
@@ -224,7 +271,8 @@ def llama_to_gguf(model, path, quantize=None) -> str:
         t[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
         t[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
     t["output_norm.weight"] = sd["model.norm.weight"]
-    t["output.weight"] = sd["lm_head.weight"]
+    if not cfg.tie_word_embeddings:
+        t["output.weight"] = sd["lm_head.weight"]
     _write(w, t, quantize)
     return os.fspath(path)
 

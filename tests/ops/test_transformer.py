@@ -38,11 +38,14 @@ def test_embedding_id_out_of_range():
 
 
 # -- rope -------------------------------------------------------------------------------
-def rope_ref(x, pos, theta, style, scale=1.0, dim=None):
-    """torch reference: HF rotate_half for neox, Meta's complex pairs for normal."""
+def rope_ref(x, pos, theta, style, scale=1.0, dim=None, factors=None):
+    """torch reference: HF rotate_half for neox, Meta's complex pairs for normal;
+    ``factors`` divide the frequencies (llama.cpp's rope_freqs)."""
     t = torch.from_numpy(x).double()
     d = dim or x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if factors is not None:
+        inv = inv / torch.from_numpy(np.asarray(factors, np.float64))
     ang = (torch.from_numpy(pos).double() / scale)[:, None] * inv[None]   # [S, d/2]
     rot, rest = t[..., :d], t[..., d:]
     if style == "neox":
@@ -80,6 +83,68 @@ def test_rope_neox_matches_hf_llama(rng):
     out = run_op(lambda v, p: md.ops.rope(v, p, theta=500000.0, style="neox"),
                  q.transpose(0, 2, 1, 3).copy(), pos)
     close(out, ref.numpy().transpose(0, 2, 1, 3), atol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+@pytest.mark.parametrize("dim", [None, 8])
+def test_rope_freq_factors_divide_the_frequencies(rng, style, dim):
+    x = rng.standard_normal((2, 5, 3, 16)).astype(np.float32)
+    pos = np.array([0, 1, 7, 100, 2047], np.int64)
+    f = rng.uniform(0.5, 8.0, (dim or 16) // 2).astype(np.float32)
+    out = run_op(lambda v, p, ff: md.ops.rope(v, p, theta=500000.0, style=style, dim=dim,
+                                              freq_factors=ff), x, pos, f)
+    close(out, rope_ref(x, pos, 500000.0, style, 1.0, dim, f), atol=2e-6)
+    plain = run_op(lambda v, p: md.ops.rope(v, p, theta=500000.0, style=style, dim=dim), x, pos)
+    assert np.abs(out - plain).max() > 0.1                       # the factors matter
+    ones = run_op(lambda v, p, ff: md.ops.rope(v, p, theta=500000.0, style=style, dim=dim,
+                                               freq_factors=ff),
+                  x, pos, np.ones_like(f))
+    np.testing.assert_array_equal(ones, plain)                   # ...and 1 is the identity
+
+
+def test_rope_freq_factors_match_hf_llama3_scaling(rng):
+    """Llama 3.1 rope_scaling: llama3_rope_factors + rope == HF's llama3 rotary embedding."""
+    import transformers
+    from transformers.models.llama.modeling_llama import (LlamaRotaryEmbedding,
+                                                          apply_rotary_pos_emb)
+
+    from maxdecl.spec.expr import llama3_rope_factors
+
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4,
+                                   max_position_embeddings=256, rope_theta=500000.0,
+                                   rope_scaling=scaling)
+    emb = LlamaRotaryEmbedding(cfg)
+    q = rng.standard_normal((1, 4, 6, 64)).astype(np.float32)       # HF: [B, H, S, D]
+    pos = np.array([0, 3, 17, 63, 64, 200])
+    cos, sin = emb(torch.from_numpy(q), torch.from_numpy(pos)[None])
+    ref, _ = apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(q), cos, sin)
+    f = np.asarray(llama3_rope_factors(64, 500000.0, 8.0, 1.0, 4.0, 64), np.float32)
+    assert f.min() == 1.0 and f.max() == 8.0 and ((f > 1) & (f < 8)).any()
+    out = run_op(lambda v, p, ff: md.ops.rope(v, p, theta=500000.0, style="neox",
+                                              freq_factors=ff),
+                 q.transpose(0, 2, 1, 3).copy(), pos, f)
+    # HF rounds the angles to float32 (at position 200 that is ~1.5e-5 of a radian)
+    close(out, ref.numpy().transpose(0, 2, 1, 3), atol=5e-5)
+
+
+@pytest.mark.parametrize("factors,match", [
+    (np.ones(3, np.float32), r"freq_factors\[3\] must be \[4\]"),
+    (np.ones((4, 1), np.float32), r"freq_factors\[4, 1\] must be \[4\]"),
+    (np.ones(4, np.int64), "freq_factors must be a float tensor"),
+])
+def test_rope_freq_factors_shape_and_dtype_are_checked(factors, match):
+    g = md.Graph("t", [md.TensorType("float32", (5, 2, 8)), md.TensorType("int64", (5,))])
+    with pytest.raises(md.GraphError, match=match):
+        md.ops.rope(g.inputs[0], g.inputs[1], freq_factors=factors)
+
+
+def test_rope_zero_freq_factor_is_an_error(rng):
+    x = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    with pytest.raises(md.GraphError, match="finite and non-zero"):
+        run_op(lambda v, p, ff: md.ops.rope(v, p, freq_factors=ff), x,
+               np.arange(3), np.array([1, 0, 1, 1], np.float32))
 
 
 # -- attention --------------------------------------------------------------------------

@@ -45,7 +45,8 @@ def test_schema_is_draft_2020_12_and_public():
 def test_llama3_layer_paths_are_gguf_names():
     prog = md.load_spec(ROOT / "specs/llama3.yaml").program()
     names = [w.name for w in prog.weights]
-    assert names[:3] == ["token_embd.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.weight"]
+    assert names[:4] == ["token_embd.weight", "rope_freqs.weight", "blk.0.attn_norm.weight",
+                         "blk.0.attn_q.weight"]
     assert "blk.31.ffn_down.weight" in names and names[-2:] == ["output_norm.weight",
                                                               "output.weight"]
     shapes = {w.name: w.shape for w in prog.weights}
@@ -53,8 +54,9 @@ def test_llama3_layer_paths_are_gguf_names():
     enc = {w.name: w.encoding for w in prog.weights}
     assert enc["blk.0.ffn_down.weight"] == "q6_k" and enc["blk.0.attn_norm.weight"] == "f32"
     assert enc["blk.0.attn_q.weight"] == "q4_k"
-    # the 8B parameter count, from the spec alone
-    assert describe_tree(ROOT / "specs/llama3.yaml")[0].params == 8_030_261_248
+    assert shapes["rope_freqs.weight"] == (64,) and enc["rope_freqs.weight"] == "f32"
+    # the 8B parameter count, from the spec alone (plus Llama 3.1's 64 RoPE divisors)
+    assert describe_tree(ROOT / "specs/llama3.yaml")[0].params == 8_030_261_248 + 64
 
 
 def test_generation_convention_inputs_and_outputs_pair_up():
@@ -159,9 +161,12 @@ def test_docs_example_validates_and_unrolls(tmp_path):
     assert [p.name for p in prog.inputs] == ["tokens", "positions", "blk.0.kv_cache",
                                              "blk.1.kv_cache"]
     assert [n for n, _ in prog.outputs] == ["logits", "blk.0.kv_cache", "blk.1.kv_cache"]
-    assert [w.name for w in prog.weights][:4] == ["token_embd.weight",
+    assert [w.name for w in prog.weights][:5] == ["token_embd.weight", "rope_freqs.weight",
                                                   "blk.0.attn_norm.weight",
                                                   "blk.0.attn_q.weight", "blk.0.attn_kv.weight"]
+    absent = {w.name: w.absent for w in prog.weights if w.absent is not None}
+    assert {n: (r.kind, r.target) for n, r in absent.items()} == {
+        "rope_freqs.weight": ("fill", 1.0), "output.weight": ("weight", "token_embd.weight")}
 
 
 def test_registered_encodings_are_known(tmp_path):

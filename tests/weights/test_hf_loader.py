@@ -245,3 +245,20 @@ def test_permute_qk_on_quantized_rows_moves_whole_rows():
     qt = md.QuantizedTensor(data, (8, 32), "q8_0")
     p = permute_qk(qt, 2)
     np.testing.assert_array_equal(unpermute(p.data, 2), data)
+
+
+def test_compute_tensors():
+    from maxdecl.weights import compute_tensors
+
+    shapes = {"f.weight": (4,), "m.weight": (2, 2)}
+    out = compute_tensors({"f.weight": "{[1.0, 2.0] * (n // 2)}", "m.weight": 0.5},
+                          {"n": 4}, shapes)
+    np.testing.assert_array_equal(out["f.weight"], [1, 2, 1, 2])
+    assert out["m.weight"].dtype == np.float32 and out["m.weight"].tolist() == [[0.5] * 2] * 2
+    assert compute_tensors({"f.weight": "{None if n else 1.0}"}, {"n": 4}, shapes) == {}
+    with pytest.raises(WeightsError, match=r"computed 'f.weight': expected .* 4 numbers"):
+        compute_tensors({"f.weight": "{[1.0] * n * 2}"}, {"n": 4}, shapes)
+    with pytest.raises(WeightsError, match="undefined name 'k'"):
+        compute_tensors({"f.weight": "{k}"}, {"n": 4}, shapes)
+    with pytest.raises(WeightsError, match="declares no such weight"):
+        compute_tensors({"x.weight": 1.0}, {}, shapes)
