@@ -87,6 +87,7 @@ def _plan(graph):
     cached = getattr(graph, "_plan", None)
     if cached is not None and cached[0] == key:
         return cached[1]
+    from . import kernels  # noqa: F401  (numba's NumPy support, loaded the fast way)
     from .ops import _registry
 
     slot: dict[int, int] = {}
