@@ -1,5 +1,5 @@
 """``python -m maxdecl`` is the ``maxdecl`` command."""
 
-from .cli import main
+from .cli import console_main
 
-raise SystemExit(main())
+console_main()

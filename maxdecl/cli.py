@@ -86,6 +86,25 @@ def main(argv=None) -> int:
         return EXIT_INVALID
 
 
+def console_main() -> None:
+    """The ``maxdecl`` command: ``main()``, then, once numba is loaded, a fast exit.
+
+    Python's teardown after a command that ran kernels (numba's many modules and
+    objects) took 0.5 s of the 2.7 s of ``maxdecl run ... --max-new-tokens 1``
+    here. Everything a command writes is closed or flushed by then, so the process
+    ends with ``os._exit`` after flushing the standard streams.
+    """
+    code = main()
+    if "numba" not in sys.modules:
+        raise SystemExit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _oneline(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"{e.filename}: {e.strerror or e}"

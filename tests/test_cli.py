@@ -148,3 +148,15 @@ def test_quantize_from_gguf_requantizes_and_keeps_norms(tmp_path, capsys):
                                   md.codecs.get("q8_0").quantize(deq))
     assert td["blk.0.attn_norm.weight"].dtype == np.float32
     assert td.metadata["maxdecl.source_format"] == "gguf"
+
+
+def test_console_command_flushes_everything_before_its_fast_exit():
+    """``python -m maxdecl run`` ends with os._exit once numba is loaded: the streamed
+    text and the last line must still arrive, with exit code 0."""
+    cmd = [sys.executable, "-m", "maxdecl", "run", "specs/llama3.yaml", "--prompt", "hi",
+           "--max-new-tokens", "3", "--seed", "1"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("[no weights found for llama3")
+    assert lines[-1].startswith("[") and "3 generated tokens" in lines[-1]
