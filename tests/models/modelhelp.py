@@ -201,6 +201,17 @@ def rope_scaling(cfg) -> dict | None:
     return None
 
 
+def q8_0(name, arr):
+    """A ``quantize=`` hook for the GGUF writers: every matrix as Q8_0 (gguf-py), 1-D
+    tensors (norms) stay float32."""
+    import gguf
+
+    if arr.ndim != 2:
+        return None
+    qt = gguf.GGMLQuantizationType.Q8_0
+    return gguf.quants.quantize(arr, qt), qt
+
+
 def llama_cpp_rope_freqs(cfg) -> np.ndarray | None:
     """``rope_freqs.weight`` as convert_hf_to_gguf.py computes it (float32 torch
     frequencies, per-frequency divisors), or None without llama3 rope scaling.

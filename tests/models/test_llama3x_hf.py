@@ -20,7 +20,7 @@ from maxdecl.pipelines.model_loading import load_model
 from maxdecl.spec import Spec
 
 from modelhelp import (TOL, compare, hf_logits, llama_cpp_rope_freqs, llama_to_gguf,
-                       make_llama, ours_logits, rel_err, save_hf, spec_path, token_ids)
+                       make_llama, ours_logits, q8_0, rel_err, save_hf, spec_path, token_ids)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -145,14 +145,6 @@ def test_without_rope_factors_the_logits_differ(kind, tmp_path):
         pre, dec = compare(s, ref, ids)
         print(f"{kind} unscaled vs HF: prefill {pre:.2e}, decode {dec:.2e}")
         assert pre > 10 * TOL and dec > 10 * TOL      # matched: ~1e-6
-
-
-def q8_0(name, arr):
-    """Every matrix as Q8_0 (gguf-py), like a quantized Llama 3.2 GGUF; 1-D stay f32."""
-    if arr.ndim != 2:
-        return None
-    qt = gguf.GGMLQuantizationType.Q8_0
-    return gguf.quants.quantize(arr, qt), qt
 
 
 def test_q8_0_gguf_with_tied_quantized_embedding(tmp_path):

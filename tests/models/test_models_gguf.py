@@ -11,20 +11,12 @@ import pytest
 from maxdecl.pipelines.model_loading import load_model
 
 from modelhelp import (TOL, compare, gemma3_to_gguf, hf_logits, llama_to_gguf, make_gemma3,
-                       make_llama, ours_logits, rel_err, save_hf, spec_path, token_ids)
+                       make_llama, ours_logits, q8_0, rel_err, save_hf, spec_path, token_ids)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-
-
-def q8_0(name, arr):
-    """Quantize every matrix to Q8_0 with gguf-py (norms stay float32)."""
-    if arr.ndim != 2:
-        return None
-    qt = gguf.GGMLQuantizationType.Q8_0
-    return gguf.quants.quantize(arr, qt), qt
 
 
 def q8_0_roundtrip_(model):
