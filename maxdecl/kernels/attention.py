@@ -14,28 +14,11 @@ import math
 import numba
 import numpy as np
 
-from .codec_common import bits_f32
 from ._dispatch import njit_twins, pick
 from .config import CACHE, FASTMATH
+from .vmath import expf
 
 _QB = 8  # query rows per task
-
-
-@numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
-def _exp_nonpos(x):
-    # exp(x) for x <= 0 in float32, branch-free (vectorises): x = n ln2 + r, |r| <= ln2/2,
-    # exp(r) by its degree-6 Taylor polynomial (rel. error ~1.2e-7), 2**n from the exponent bits
-    x = max(x, np.float32(-87.0))
-    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = x - n * np.float32(0.693145751953125) - n * np.float32(1.428606765330187e-06)
-    p = np.float32(1.0 / 720.0)
-    p = p * r + np.float32(1.0 / 120.0)
-    p = p * r + np.float32(1.0 / 24.0)
-    p = p * r + np.float32(1.0 / 6.0)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
-    return p * bits_f32(np.uint32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
 
 @numba.njit(cache=CACHE, inline="always")
@@ -126,7 +109,7 @@ def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
                 m = max(m, sc[j])
             tot = np.float32(0)
             for j in range(n):
-                e = _exp_nonpos(sc[j] - m)
+                e = expf(sc[j] - m)
                 sc[j] = e
                 tot += e
             inv = np.float32(1) / tot
@@ -175,7 +158,7 @@ def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offse
             m = max(m, t)
         tot = np.float32(0)
         for j in range(n):
-            e = _exp_nonpos(sc[j] - m)
+            e = expf(sc[j] - m)
             sc[j] = e
             tot += e
         inv = np.float32(1) / tot

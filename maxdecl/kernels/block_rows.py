@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
-
+from .codec_common import bits_f32
 from .config import CACHE
 
 # Typed constants keep the lane arithmetic in int32 (numba widens int literals to
@@ -40,25 +38,6 @@ _I128 = np.int32(128)
 
 
 # -- scalar helpers -----------------------------------------------------------------
-@intrinsic
-def _bits_f32(typingctx, u):
-    """Reinterpret the low 32 bits of an integer as a float32."""
-    if not isinstance(u, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        i32 = context.get_value_type(types.uint32)
-        width = sig.args[0].bitwidth
-        if width > 32:
-            v = builder.trunc(v, i32)
-        elif width < 32:
-            v = builder.zext(v, i32)
-        return builder.bitcast(v, context.get_value_type(types.float32))
-
-    return types.float32(u), codegen
-
-
 @numba.njit(inline="always")
 def _f16(lo, hi):
     """float32 value of the little-endian fp16 in bytes (lo, hi); exact, inf/NaN kept.
@@ -69,15 +48,15 @@ def _f16(lo, hi):
     """
     h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
     bits = ((h & np.uint32(0x8000)) << np.uint32(16)) | ((h & np.uint32(0x7FFF)) << np.uint32(13))
-    f = _bits_f32(bits) * np.float32(5.192296858534828e33)  # 2**112
+    f = bits_f32(bits) * np.float32(5.192296858534828e33)  # 2**112
     if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):       # inf / NaN: rare, predictable
-        f = _bits_f32(bits | np.uint32(0x7F800000))
+        f = bits_f32(bits | np.uint32(0x7F800000))
     return f
 
 
 @numba.njit(inline="always")
 def _bf16(u):
-    return _bits_f32(np.uint32(u) << np.uint32(16))
+    return bits_f32(np.uint32(u) << np.uint32(16))
 
 
 @numba.njit(inline="always")
@@ -217,7 +196,7 @@ def _dec_bf16(w, dst):
     # w: (K//be*bb,) u8 one row -> dst: (K,) f32
     k = dst.shape[0]
     for i in range(k):
-        dst[i] = _bits_f32((np.uint32(w[2 * i]) << np.uint32(16))
+        dst[i] = bits_f32((np.uint32(w[2 * i]) << np.uint32(16))
                            | (np.uint32(w[2 * i + 1]) << np.uint32(24)))
 
 

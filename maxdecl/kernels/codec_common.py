@@ -1,4 +1,4 @@
-"""Scalar helpers shared by the codec kernels: bit casts, fp16 rounding, GGML's rounding.
+"""Scalar helpers shared by the kernels: bit casts, fp16 rounding, GGML's rounding.
 
 Every helper is plain IEEE float32 arithmetic (``EXACT``: no contraction, no
 reassociation), so the kernels that call them reproduce GGML's C reference bit
@@ -28,14 +28,21 @@ def f32_bits(typingctx, x):
 
 @intrinsic
 def bits_f32(typingctx, u):
-    """Reinterpret a uint32 bit pattern as a float32."""
-    if u != types.uint32:
+    """Reinterpret the low 32 bits of an integer as a float32 (narrower: zero-extended)."""
+    if not isinstance(u, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
+        v = args[0]
+        i32 = context.get_value_type(types.uint32)
+        width = sig.args[0].bitwidth
+        if width > 32:
+            v = builder.trunc(v, i32)
+        elif width < 32:
+            v = builder.zext(v, i32)
+        return builder.bitcast(v, context.get_value_type(types.float32))
 
-    return types.float32(types.uint32), codegen
+    return types.float32(u), codegen
 
 
 @njit(cache=CACHE, fastmath=EXACT)

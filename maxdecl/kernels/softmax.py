@@ -6,6 +6,7 @@ import numba
 import numpy as np
 
 from ._dispatch import njit_twins, pick
+from .vmath import expf
 
 
 @njit_twins()
@@ -17,7 +18,7 @@ def _softmax_rows(x, out):
             m = max(m, x[r, c])
         s = np.float32(0)
         for c in range(x.shape[1]):
-            e = np.exp(x[r, c] - m)
+            e = expf(x[r, c] - m)
             out[r, c] = e
             s += e
         inv = np.float32(1) / s
