@@ -10,9 +10,10 @@ Two paths, chosen by the number of activation rows M:
 * **GEMM** (M > 1, prefill; compute-bound): in one parallel region, each thread
   decodes 16 weight rows at a time into a small float32 buffer (exact: the same
   float32 operations as gguf-py, so the rows equal ``dequantize`` bit for bit)
-  and multiplies them with register-blocked (2 x 4) dots over cache-sized K
-  slices. One fork/join per call, where tile-by-tile numba + BLAS alternated two
-  thread pools (measured ~8x slower at M=64 on a shared 2-core machine).
+  and multiplies them against x, packed once into transposed panels, with a
+  4 x 16 outer-product micro-kernel in LLVM vector IR. One fork/join per call,
+  where tile-by-tile numba + BLAS alternated two thread pools (measured ~8x
+  slower at M=64 on a shared 2-core machine).
 * Encodings without kernels go through ``tiled_matmul``: their own
   ``dequantize`` on a tile of rows (about ``TILE_BYTES``), then BLAS.
 
@@ -26,105 +27,125 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .block_rows import KINDS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
 from .config import CACHE, FASTMATH
-from .gemv import (_gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0, _gemv_q6_k,
-                   _gemv_q8_0)
+from .gemv import (_FM, _IR_I64, _V8F, _gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0,
+                   _gemv_q6_k, _gemv_q8_0, _ir_const, _ir_splat)
 
 TILE_BYTES = 2 << 20  # float32 bytes of one decoded tile in the fallback path
 
 
-# -- GEMM (M > 1): decode 16 rows into a per-thread buffer, then 2 x 4 register-blocked
-# dots over K slices that stay in cache; one parallel region for the whole product.
-_GEMM_ROWS = 16   # weight rows decoded per prange step
-_GEMM_KC = 512    # K slice: x[:, slice] and 4 decoded rows stay in L2 / L1
+# -- GEMM (M > 1): x is packed once per call into panels of 16 rows, transposed
+# (xp[p, k, j] = x[16p + j, k]); each thread decodes 16 weight rows at a time and runs
+# an outer-product micro-kernel: for every k, four decoded weights broadcast against
+# one or two 8-lane vectors of the panel, into 8 register accumulators (4 rows x 16).
+# Measured against the previous kernel (2 x 4 dot products along K), same run:
+# 1.2x-1.7x at Gemma 3 270M prefill shapes (M=128) and 1.6x at 4096 x 4096, M=64.
+_RB = 16    # weight rows decoded per step
+_KC = 128   # K slice summed on its own and then added: rounding stays ~3e-7 relative
 
 
-@numba.njit(cache=CACHE, fastmath=FASTMATH)
-def _dots_2x4(a, b, w0, w1, w2, w3, out, m, r):
-    # out[m:m+2, r:r+4] += [a; b] @ [w0; w1; w2; w3].T, all (KC,) f32 slices
-    s00 = np.float32(0)
-    s01 = np.float32(0)
-    s02 = np.float32(0)
-    s03 = np.float32(0)
-    s10 = np.float32(0)
-    s11 = np.float32(0)
-    s12 = np.float32(0)
-    s13 = np.float32(0)
-    for k in range(a.shape[0]):
-        xa = a[k]
-        xb = b[k]
-        s00 += xa * w0[k]
-        s01 += xa * w1[k]
-        s02 += xa * w2[k]
-        s03 += xa * w3[k]
-        s10 += xb * w0[k]
-        s11 += xb * w1[k]
-        s12 += xb * w2[k]
-        s13 += xb * w3[k]
-    out[m, r] += s00
-    out[m, r + 1] += s01
-    out[m, r + 2] += s02
-    out[m, r + 3] += s03
-    out[m + 1, r] += s10
-    out[m + 1, r + 1] += s11
-    out[m + 1, r + 2] += s12
-    out[m + 1, r + 3] += s13
+def _f32_matrix(t) -> bool:
+    return (isinstance(t, types.Array) and t.ndim == 2 and t.layout == "C"
+            and t.dtype == types.float32)
 
 
-@numba.njit(cache=CACHE, fastmath=FASTMATH)
-def _dots_1x4(a, w0, w1, w2, w3, out, m, r):
-    s0 = np.float32(0)
-    s1 = np.float32(0)
-    s2 = np.float32(0)
-    s3 = np.float32(0)
-    for k in range(a.shape[0]):
-        xa = a[k]
-        s0 += xa * w0[k]
-        s1 += xa * w1[k]
-        s2 += xa * w2[k]
-        s3 += xa * w3[k]
-    out[m, r] += s0
-    out[m, r + 1] += s1
-    out[m, r + 2] += s2
-    out[m, r + 3] += s3
+def _micro_intrinsic(nvec):
+    """An intrinsic ``(a, r, b, c, k0, k1)``: ``c[i, :8 * nvec] += sum over k0 <= k < k1 of
+    a[r + i, k] * b[k, :8 * nvec]`` for i < 4; a (R, K), b (K, 16) and c (4, 16) float32."""
+
+    def typer(typingctx, a, r, b, c, k0, k1):
+        if not (_f32_matrix(a) and _f32_matrix(b) and _f32_matrix(c)
+                and all(isinstance(t, types.Integer) for t in (r, k0, k1))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            aa, ba, ca = (context.make_array(sig.args[i])(context, builder, args[i])
+                          for i in (0, 2, 3))
+            r, k0, k1 = (context.cast(builder, args[i], sig.args[i], types.intp)
+                         for i in (1, 4, 5))
+            lda = cgutils.unpack_tuple(builder, aa.shape)[1]
+            rows = [builder.gep(aa.data, [builder.mul(builder.add(r, _ir_const(_IR_I64, i)),
+                                                      lda)]) for i in range(4)]
+            zero = ir.Constant(_V8F, None)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nvec)]
+                    for _ in range(4)]
+            one = _ir_const(_IR_I64, 1)
+            with cgutils.for_range_slice(builder, k0, k1, one) as (k, _):
+                bk = builder.gep(ba.data, [builder.mul(k, _ir_const(_IR_I64, 16))])
+                bv = [builder.load(builder.bitcast(builder.gep(bk, [_ir_const(_IR_I64, 8 * j)]),
+                                                   _V8F.as_pointer()), align=4)
+                      for j in range(nvec)]
+                for i in range(4):
+                    av = _ir_splat(builder, builder.load(builder.gep(rows[i], [k]), align=4))
+                    for j in range(nvec):
+                        acc = accs[i][j]
+                        prod = builder.fmul(av, bv[j], flags=_FM)
+                        builder.store(builder.fadd(builder.load(acc), prod, flags=_FM), acc)
+            for i in range(4):
+                for j in range(nvec):
+                    p = builder.bitcast(builder.gep(ca.data, [_ir_const(_IR_I64, 16 * i + 8 * j)]),
+                                        _V8F.as_pointer())
+                    builder.store(builder.fadd(builder.load(p, align=4), builder.load(accs[i][j]),
+                                               flags=_FM), p, align=4)
+            return context.get_dummy_value()
+
+        return types.void(a, r, b, c, k0, k1), codegen
+
+    return intrinsic(typer)
+
+
+_micro_4x16 = _micro_intrinsic(2)
+_micro_4x8 = _micro_intrinsic(1)
 
 
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemm(kind, x, w, out, threads):
-    # x: (M, K) f32, w: (N, K//be*bb) u8 -> out: (M, N) f32
-    m_rows, k = x.shape
+def _gemm(kind, xp, m_rows, w, out, threads):
+    # xp: (P, K, 16) f32 panels of x (see pack_panels), w: (N, K//be*bb) u8 -> out: (M, N)
+    n_panels, k, _ = xp.shape
     n = w.shape[0]
-    chunks = (n + _GEMM_ROWS - 1) // _GEMM_ROWS
+    chunks = (n + _RB - 1) // _RB
     groups = min(chunks, 4 * threads)
     for g in numba.prange(groups):                   # buffers made once per group
-        buf = np.empty((_GEMM_ROWS, k), np.float32)
-        tmp = np.empty((m_rows, _GEMM_ROWS), np.float32)
-        for c in range(g, chunks, groups):
-            r0 = c * _GEMM_ROWS
-            rows = min(_GEMM_ROWS, n - r0)
-            quads = (rows + 3) // 4
+        buf = np.zeros((_RB, k), np.float32)
+        c = np.empty((4, 16), np.float32)
+        for ch in range(g, chunks, groups):
+            r0 = ch * _RB
+            rows = min(_RB, n - r0)
             for i in range(rows):
                 _decode_row(kind, w, r0 + i, buf[i])
-            for i in range(rows, quads * 4):         # rows past N read as zero
+            for i in range(rows, _RB):               # rows past N read as zero
                 buf[i, :] = 0
-            tmp[:, :] = 0
-            for k0 in range(0, k, _GEMM_KC):
-                k1 = min(k, k0 + _GEMM_KC)
-                for q in range(quads):
-                    i = 4 * q
-                    w0 = buf[i, k0:k1]
-                    w1 = buf[i + 1, k0:k1]
-                    w2 = buf[i + 2, k0:k1]
-                    w3 = buf[i + 3, k0:k1]
-                    for m in range(0, m_rows - 1, 2):
-                        _dots_2x4(x[m, k0:k1], x[m + 1, k0:k1], w0, w1, w2, w3, tmp, m, i)
-                    if m_rows % 2:
-                        _dots_1x4(x[m_rows - 1, k0:k1], w0, w1, w2, w3, tmp, m_rows - 1, i)
-            for m in range(m_rows):
-                for i in range(rows):
-                    out[m, r0 + i] = tmp[m, i]
+            for p in range(n_panels):
+                m0 = 16 * p
+                span = min(16, m_rows - m0)
+                panel = xp[p]
+                for q in range(0, rows, 4):
+                    c[:, :] = 0
+                    for k0 in range(0, k, _KC):
+                        if span > 8:
+                            _micro_4x16(buf, q, panel, c, k0, min(k, k0 + _KC))
+                        else:
+                            _micro_4x8(buf, q, panel, c, k0, min(k, k0 + _KC))
+                    for i in range(min(4, rows - q)):
+                        for j in range(span):
+                            out[m0 + j, r0 + q + i] = c[i, j]
+
+
+def pack_panels(x2: np.ndarray) -> np.ndarray:
+    """x2 (M, K) f32 -> (ceil(M / 16), K, 16) panels, ``xp[p, k, j] = x2[16p + j, k]``
+    (zero past M): the micro-kernel's vector side, read in order."""
+    m, k = x2.shape
+    xp = np.zeros(((m + 15) // 16, k, 16), np.float32)
+    for p in range(xp.shape[0]):
+        rows = x2[16 * p:16 * p + 16]
+        xp[p, :, :rows.shape[0]] = rows.T
+    return xp
 
 
 # -- Python wrappers -----------------------------------------------------------------
@@ -174,5 +195,5 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
         _GEMV[encoding](x2[0], w.view(np.uint16) if encoding == "bf16" else w, out[0])
         return out
     out = np.empty((x2.shape[0], n), np.float32)
-    _gemm(KINDS[encoding], x2, w, out, numba.get_num_threads())
+    _gemm(KINDS[encoding], pack_panels(x2), x2.shape[0], w, out, numba.get_num_threads())
     return out
