@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import codecs
 from ..dtypes import DType, TensorType, format_shape
 from ..errors import GraphError
 from ._registry import apply, register
@@ -38,12 +39,27 @@ def _qmatmul_infer(inputs, attrs):
     return [TensorType(DType.float32, (*x.shape[:-1], n))]
 
 
+_KERNELS_FOR: dict = {}   # encoding object -> whether the packed-block kernels apply
+
+
+def _block_kernels(enc) -> bool:
+    ok = _KERNELS_FOR.get(enc)
+    if ok is None:
+        from ..kernels import qmatmul as kq
+        ok = _KERNELS_FOR[enc] = kq.has_kernel(str(enc.name), int(enc.block_elements),
+                                               int(enc.block_bytes))
+    return ok
+
+
 def _qmatmul_run(args, attrs):
-    from .. import codecs
     from ..kernels import qmatmul as kq
 
     x, qt = args
     n, k = qt.shape
+    enc = codecs.get(qt.encoding)
+    if (x.ndim == 2 and x.shape[0] == 1 and x.shape[1] == k and n and x.dtype == np.float32
+            and x.flags.c_contiguous and _block_kernels(enc)):     # decode: keep it lean
+        return [kq.qmatmul_blocks(x, np.ascontiguousarray(qt.data), qt.encoding)]
     if x.shape[-1] != k:
         raise GraphError(f"x{format_shape(x.shape)} vs w{format_shape(qt.shape)}: "
                          "K must match")
@@ -51,9 +67,8 @@ def _qmatmul_run(args, attrs):
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
     if x2.shape[0] == 0 or n == 0:
         return [np.zeros((*lead, n), np.float32)]
-    enc = codecs.get(qt.encoding)
     w = np.ascontiguousarray(qt.data)
-    if kq.has_kernel(qt.encoding, int(enc.block_elements), int(enc.block_bytes)):
+    if _block_kernels(enc):
         out = kq.qmatmul_blocks(x2, w, qt.encoding)
     else:
         def decode(r0, r1, tile):
