@@ -35,11 +35,11 @@ class BF16Encoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 bf16 bytes -> float32 of logical ``shape`` (exact widening)."""
-        from ..kernels.codec_bf16 import _bf16_dequantize
+        from ..kernels.block_rows import dequantize_blocks
 
         blocks, shape = bytes_to_blocks(self, data, shape)
         out = output_array(self.name, shape, out)
-        _bf16_dequantize(blocks.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+        dequantize_blocks(self.name, blocks, out.reshape(-1))
         return out
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import register
-from ._blocks import (bytes_to_blocks, fp16_to_fp32_table, output_array,
-                      raise_if_flagged, rows_to_blocks)
+from ._blocks import bytes_to_blocks, output_array, raise_if_flagged, rows_to_blocks
 
 QK4_0 = 32  # floats per block
 
@@ -41,11 +40,11 @@ class Q4_0Encoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q4_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
-        from ..kernels.codec_q4_0 import _q4_0_dequantize
+        from ..kernels.block_rows import dequantize_blocks
 
         blocks, shape = bytes_to_blocks(self, data, shape)
         out = output_array(self.name, shape, out)
-        _q4_0_dequantize(blocks, fp16_to_fp32_table(), out.reshape(-1, QK4_0))
+        dequantize_blocks(self.name, blocks, out.reshape(-1))
         return out
 
 

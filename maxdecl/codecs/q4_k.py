@@ -47,11 +47,11 @@ class Q4_KEncoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q4_K blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
-        from ..kernels.codec_q4_k import _q4_k_dequantize
+        from ..kernels.block_rows import dequantize_blocks
 
         blocks, shape = bytes_to_blocks(self, data, shape)
         out = output_array(self.name, shape, out)
-        _q4_k_dequantize(blocks, fp16_to_fp32_table(), out.reshape(-1, QK_K))
+        dequantize_blocks(self.name, blocks, out.reshape(-1))
         return out
 
 

@@ -3,7 +3,7 @@
 ``x = d * sc[s] * (q - 32)`` with ``q`` in 0..63 (low 4 bits in ``ql``, high 2
 bits in ``qh``) and ``s`` the 16-float sub-block. Quantization follows GGML's
 ``quantize_row_q6_K_ref`` (``make_qx_quants``); the ql/qh bit map is drawn in
-``maxdecl/kernels/codec_q6_k.py`` (``_q6_k_dequantize``).
+``maxdecl/kernels/block_rows.py`` (``_dec_q6_k``).
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ class Q6_KEncoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q6_K blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
-        from ..kernels.codec_q6_k import _q6_k_dequantize
+        from ..kernels.block_rows import dequantize_blocks
 
         blocks, shape = bytes_to_blocks(self, data, shape)
         out = output_array(self.name, shape, out)
-        _q6_k_dequantize(blocks, fp16_to_fp32_table(), out.reshape(-1, QK_K))
+        dequantize_blocks(self.name, blocks, out.reshape(-1))
         return out
 
 

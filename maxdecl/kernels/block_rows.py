@@ -19,6 +19,8 @@ Block layouts (byte offsets inside one block; fp16 and u32 little-endian):
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from .codec_common import bits_f32
@@ -164,6 +166,12 @@ def _dec_q4_k(w, dst):
 @numba.njit(cache=CACHE)
 def _dec_q6_k(w, dst):
     # w: (K//be*bb,) u8 one row -> dst: (K,) f32
+    # One half h (128 floats) of a block uses ql[64h:64h+64], qh[32h:32h+32], sc[8h:8h+8]:
+    #   x[128h +  0 + l] = ql[l]      low nibble  | qh[l] bits 1-0 << 4   scale sc[l//16 + 0]
+    #   x[128h + 32 + l] = ql[l + 32] low nibble  | qh[l] bits 3-2 << 4   scale sc[l//16 + 2]
+    #   x[128h + 64 + l] = ql[l]      high nibble | qh[l] bits 5-4 << 4   scale sc[l//16 + 4]
+    #   x[128h + 96 + l] = ql[l + 32] high nibble | qh[l] bits 7-6 << 4   scale sc[l//16 + 6]
+    # (l in 0..31; every 6-bit q is stored with an offset of 32; d * sc first, as GGML)
     k = dst.shape[0]
     n16 = 16 + 16 * np.int64(k < 0)   # see _OPAQUE_TRIP
     for b in range(k // 256):
@@ -225,6 +233,20 @@ def _deq_tile(kind, w, r0, r1, out):
     # w: (N, ...) u8 rows [r0, r1) -> out: (r1 - r0, K) f32
     for i in numba.prange(r1 - r0):
         _decode_row(kind, w, r0 + i, out[i])
+
+
+def dequantize_blocks(encoding: str, blocks: np.ndarray, out: np.ndarray) -> None:
+    """Decode ``blocks`` (n_blocks, block_bytes) uint8 into the C-contiguous float32
+    ``out`` (n_blocks * block_elements values), in parallel over runs of whole blocks
+    of about 4096 values (the codecs' ``dequantize``)."""
+    nb, bb = blocks.shape
+    if nb == 0:
+        return
+    be = out.size // nb
+    per = math.gcd(nb, max(1, 4096 // be))      # blocks per task; 4096 // be is a power of 2
+    tasks = nb // per
+    _deq_tile(KINDS[encoding], blocks.reshape(tasks, per * bb), 0, tasks,
+              out.reshape(tasks, per * be))
 
 
 def dequantize_rows(w: np.ndarray, encoding: str, k: int, r0: int, r1: int) -> np.ndarray:

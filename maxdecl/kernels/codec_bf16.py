@@ -21,10 +21,3 @@ def _bf16_quantize(x, out):
             # round to nearest even on the 16 dropped bits; never overflows 32 bits here
             out[i] = np.uint16((n + (np.uint32(0x7FFF) + ((n >> np.uint32(16)) & np.uint32(1))))
                                >> np.uint32(16))
-
-
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
-def _bf16_dequantize(h, out):
-    # h: (n,) u16 -> out: (n,) u32 (float32 bits): the bf16 bits become the high half
-    for i in prange(h.shape[0]):
-        out[i] = np.uint32(h[i]) << np.uint32(16)

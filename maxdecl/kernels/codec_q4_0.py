@@ -10,21 +10,6 @@ from .config import CACHE, EXACT
 
 
 @njit(cache=CACHE, fastmath=EXACT, parallel=True)
-def _q4_0_dequantize(b, table, out):
-    # b: (nb, 18) u8, table: (65536,) f32 fp16->f32 -> out: (nb, 32) f32
-    #
-    # byte  0-1 | 2 .. 17
-    #       d   | qs[j] = q[j] (bits 3-0) | q[j + 16] << 4 (bits 7-4);  x = d * (q - 8)
-    half = out.shape[1] // 2          # a run-time trip count: LLVM vectorises, not unrolls
-    for i in prange(b.shape[0]):
-        d = table[np.int64(b[i, 0]) | (np.int64(b[i, 1]) << 8)]
-        for j in range(half):
-            out[i, j] = np.float32((np.int32(b[i, 2 + j]) & 15) - 8) * d         # low nibble
-        for j in range(half):
-            out[i, j + half] = np.float32((np.int32(b[i, 2 + j]) >> 4) - 8) * d  # high nibble
-
-
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
 def _q4_0_quantize(x, out, bad):
     # x: (nb, 32) f32 -> out: (nb, 18) u8, bad: (nb,) u8 (1 where a NaN/Inf was seen)
     for i in prange(x.shape[0]):

@@ -48,26 +48,6 @@ def _scale_min(s, base, j):
     return sc, m
 
 
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
-def _q4_k_dequantize(b, table, out):
-    # b: (nb, 144) u8, table: (65536,) f32 fp16->f32 -> out: (nb, 256) f32
-    for i in prange(b.shape[0]):
-        d = table[np.int64(b[i, _D]) | (np.int64(b[i, _D + 1]) << 8)]
-        dmin = table[np.int64(b[i, _DMIN]) | (np.int64(b[i, _DMIN + 1]) << 8)]
-        row = b[i]
-        for g in range(4):                      # 4 groups of 64 floats share 32 qs bytes
-            sc0, m0 = _scale_min(row, _SC, 2 * g)
-            sc1, m1 = _scale_min(row, _SC, 2 * g + 1)
-            d0 = d * np.float32(sc0)
-            d1 = d * np.float32(sc1)
-            mm0 = dmin * np.float32(m0)
-            mm1 = dmin * np.float32(m1)
-            for l in range(32):
-                q = row[_QS + 32 * g + l]
-                out[i, 64 * g + l] = d0 * np.float32(q & 0x0F) - mm0        # low nibble
-                out[i, 64 * g + 32 + l] = d1 * np.float32(q >> 4) - mm1     # high nibble
-
-
 @njit(cache=CACHE, fastmath=EXACT)
 def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
     """GGML ``make_qkx2_quants`` (squared error): fit ``x ~ scale * L - the_min``.

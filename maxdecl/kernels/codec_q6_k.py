@@ -21,38 +21,6 @@ GROUP_MAX_EPS = 1e-15  # GGML: a group whose max |x| is below this is all zero
 _QL, _QH, _SC, _D = 0, 128, 192, 208
 
 
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
-def _q6_k_dequantize(b, table, out):
-    # b: (nb, 210) u8, table: (65536,) f32 fp16->f32 -> out: (nb, 256) f32
-    #
-    # One half h (128 floats) uses ql[64h:64h+64], qh[32h:32h+32], sc[8h:8h+8]:
-    #   x[128h +  0 + l] = ql[l]      low nibble | qh[l] bits 1-0 << 4    scale sc[l//16 + 0]
-    #   x[128h + 32 + l] = ql[l + 32] low nibble | qh[l] bits 3-2 << 4    scale sc[l//16 + 2]
-    #   x[128h + 64 + l] = ql[l]      high nibble | qh[l] bits 5-4 << 4   scale sc[l//16 + 4]
-    #   x[128h + 96 + l] = ql[l + 32] high nibble | qh[l] bits 7-6 << 4   scale sc[l//16 + 6]
-    # (l in 0..31; every 6-bit q is stored with an offset of 32)
-    # Constant shifts and int32 values keep the l loop vectorised (vcvtdq2ps / vmulps).
-    for i in prange(b.shape[0]):
-        d = table[np.int64(b[i, _D]) | (np.int64(b[i, _D + 1]) << 8)]
-        row = b[i]
-        o = out[i]
-        for h in range(2):
-            for half in range(2):                    # l in 0..15 / 16..31: scales sc[.. + 1]
-                s0 = _SC + 8 * h + half
-                d0 = d * np.float32(np.int8(row[s0]))          # (d * sc) first, as GGML
-                d1 = d * np.float32(np.int8(row[s0 + 2]))
-                d2 = d * np.float32(np.int8(row[s0 + 4]))
-                d3 = d * np.float32(np.int8(row[s0 + 6]))
-                for l in range(16 * half, 16 * half + 16):
-                    a = np.int32(row[_QL + 64 * h + l])
-                    c = np.int32(row[_QL + 64 * h + l + 32])
-                    e = np.int32(row[_QH + 32 * h + l])
-                    o[128 * h + l] = d0 * np.float32(((a & 15) | ((e & 3) << 4)) - 32)
-                    o[128 * h + l + 32] = d1 * np.float32(((c & 15) | ((e & 12) << 2)) - 32)
-                    o[128 * h + l + 64] = d2 * np.float32(((a >> 4) | (e & 48)) - 32)
-                    o[128 * h + l + 96] = d3 * np.float32(((c >> 4) | ((e >> 2) & 48)) - 32)
-
-
 @njit(cache=CACHE, fastmath=EXACT)
 def _make_qx_quants(x, off, n, nmax, L, loff):
     """GGML ``make_qx_quants`` with rmse_type 1 (weights x**2): fit ``x ~ scale * (L - nmax)``.
