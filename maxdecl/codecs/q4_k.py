@@ -4,7 +4,7 @@
 sub-block. Quantization follows GGML's ``quantize_row_q4_K_ref`` (a weighted
 least-squares search per sub-block, ``make_qkx2_quants``), so the bytes equal
 llama.cpp's for the same float input. The 12-byte scale/min packing is drawn in
-``maxdecl/kernels/codec_q4_k.py`` (``_scale_min``).
+``maxdecl/kernels/block_rows.py`` (``_q4k_scale_min``).
 """
 
 from __future__ import annotations

@@ -69,11 +69,23 @@ def _i8(u):
 
 @numba.njit(inline="always")
 def _q4k_scale_min(w, o, j):
-    """6-bit (scale, min) of sub-block j from q4_k's 12 scale bytes at w[o:o+12] (one row).
+    """6-bit (scale, min) of sub-block ``j`` from q4_k's 12 packed bytes ``w[o:o+12]``.
 
-    bytes 0-3: EEaaaaaa (j<4: scale a = low 6 bits; EE = top 2 bits of scale j+4)
-    bytes 4-7: FFbbbbbb (j<4: min   b = low 6 bits; FF = top 2 bits of min j+4)
-    bytes 8-11: mmmmssss (j>=4: low 4 bits of scale (ssss) and of min (mmmm))
+    byte | 7 6 | 5 4 3 2 1 0          (sc_j, m_j: 6-bit scale / min of sub-block j)
+    -----+-----+------------
+      0  | sc4 hi | sc0               bits 7-6 of bytes 0-3: sc4..sc7 bits 5-4
+      1  | sc5 hi | sc1
+      2  | sc6 hi | sc2
+      3  | sc7 hi | sc3
+      4  | m4 hi  | m0                bits 7-6 of bytes 4-7: m4..m7 bits 5-4
+      5  | m5 hi  | m1
+      6  | m6 hi  | m2
+      7  | m7 hi  | m3
+         | 7 6 5 4 | 3 2 1 0
+      8  | m4 lo   | sc4 lo           bytes 8-11: low 4 bits of sc4..sc7 (low nibble)
+      9  | m5 lo   | sc5 lo                        and of m4..m7 (high nibble)
+     10  | m6 lo   | sc6 lo
+     11  | m7 lo   | sc7 lo
     """
     if j < 4:
         sc = np.int32(w[o + j]) & _I63

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .block_rows import _q4k_scale_min
 from .codec_common import f32_to_f16_bits, nearest_int
 from .config import CACHE, EXACT
 
@@ -19,33 +20,6 @@ CHUNK = 64  # blocks per prange iteration (scratch buffers are allocated per chu
 
 # Byte offsets inside one 144-byte block (see maxdecl/codecs/q4_k.py for the table).
 _D, _DMIN, _SC, _QS = 0, 2, 4, 16
-
-
-@njit(cache=CACHE, fastmath=EXACT)
-def _scale_min(s, base, j):
-    """6-bit (scale, min) of sub-block ``j`` from the 12 packed bytes ``s[base:base+12]``.
-
-    byte | 7 6 | 5 4 3 2 1 0          (sc_j, m_j: 6-bit scale / min of sub-block j)
-    -----+-----+------------
-      0  | sc4 hi | sc0               bits 7-6 of bytes 0-3: sc4..sc7 bits 5-4
-      1  | sc5 hi | sc1
-      2  | sc6 hi | sc2
-      3  | sc7 hi | sc3
-      4  | m4 hi  | m0                bits 7-6 of bytes 4-7: m4..m7 bits 5-4
-      5  | m5 hi  | m1
-      6  | m6 hi  | m2
-      7  | m7 hi  | m3
-         | 7 6 5 4 | 3 2 1 0
-      8  | m4 lo   | sc4 lo           bytes 8-11: low 4 bits of sc4..sc7 (low nibble)
-      9  | m5 lo   | sc5 lo                        and of m4..m7 (high nibble)
-     10  | m6 lo   | sc6 lo
-     11  | m7 lo   | sc7 lo
-    """
-    if j < 4:
-        return s[base + j] & 63, s[base + j + 4] & 63
-    sc = (s[base + j + 4] & 0x0F) | ((s[base + j - 4] >> 6) << 4)
-    m = (s[base + j + 4] >> 4) | ((s[base + j] >> 6) << 4)
-    return sc, m
 
 
 @njit(cache=CACHE, fastmath=EXACT)
@@ -158,7 +132,7 @@ def _q4_k_block(x, table, out, L, laux, w, scales, mins):
     fd = table[hd]
     fm = table[hm]
     for j in range(8):
-        sc, m = _scale_min(out, _SC, j)
+        sc, m = _q4k_scale_min(out, _SC, j)
         d = fd * np.float32(sc)
         if d == np.float32(0.0):
             continue                     # keep the sub-block quants make_qkx2 chose
