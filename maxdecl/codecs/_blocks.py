@@ -1,7 +1,8 @@
 """Plumbing for writing an encoding: rows <-> blocks, byte-shape math, output buffers, fp16.
 
-NumPy only (no numba): every function here runs at the codec's Python boundary,
-checks its input once and hands the kernels contiguous ``(n_blocks, ...)`` views.
+Every function here runs at the codec's Python boundary, checks its input once and
+hands the kernels contiguous ``(n_blocks, ...)`` views; importing this module loads
+no numba (``decode_exact`` imports its kernels when it runs).
 Every error is a ``QuantizationError`` naming the encoding and the shapes.
 ``rows_to_blocks``, ``bytes_to_blocks``, ``output_array`` and ``raise_if_flagged``
 are public (``md.codecs``): a user's encoding calls them as the built-ins do.
@@ -118,6 +119,17 @@ def output_array(name: str, shape, out=None) -> np.ndarray:
         raise QuantizationError(f"{name}: out= must be float32 {list(shape)}, got {got}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise QuantizationError(f"{name}: out= must be a writeable C-contiguous array")
+    return out
+
+
+def decode_exact(enc, data, shape, out=None) -> np.ndarray:
+    """``dequantize`` of a built-in GGML encoding: checks, then the exact row decoders
+    the GEMM also uses (``maxdecl/kernels/block_rows.py``), in parallel."""
+    from ..kernels.block_rows import dequantize_blocks
+
+    blocks, shape = bytes_to_blocks(enc, data, shape)
+    out = output_array(enc.name, shape, out)
+    dequantize_blocks(enc.name, blocks, out.reshape(-1))
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import register
-from ._blocks import bytes_to_blocks, output_array, rows_to_blocks
+from ._blocks import decode_exact, rows_to_blocks
 
 
 class BF16Encoding:
@@ -35,12 +35,7 @@ class BF16Encoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 bf16 bytes -> float32 of logical ``shape`` (exact widening)."""
-        from ..kernels.block_rows import dequantize_blocks
-
-        blocks, shape = bytes_to_blocks(self, data, shape)
-        out = output_array(self.name, shape, out)
-        dequantize_blocks(self.name, blocks, out.reshape(-1))
-        return out
+        return decode_exact(self, data, shape, out)
 
 
 BF16 = register(BF16Encoding())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import register
-from ._blocks import bytes_to_blocks, output_array, raise_if_flagged, rows_to_blocks
+from ._blocks import decode_exact, raise_if_flagged, rows_to_blocks
 
 QK4_0 = 32  # floats per block
 
@@ -40,12 +40,7 @@ class Q4_0Encoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q4_0 blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
-        from ..kernels.block_rows import dequantize_blocks
-
-        blocks, shape = bytes_to_blocks(self, data, shape)
-        out = output_array(self.name, shape, out)
-        dequantize_blocks(self.name, blocks, out.reshape(-1))
-        return out
+        return decode_exact(self, data, shape, out)
 
 
 Q4_0 = register(Q4_0Encoding())

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import register
-from ._blocks import (bytes_to_blocks, fp16_to_fp32_table, output_array,
-                      raise_if_flagged, rows_to_blocks)
+from ._blocks import decode_exact, fp16_to_fp32_table, raise_if_flagged, rows_to_blocks
 
 QK_K = 256  # floats per super-block
 
@@ -45,12 +44,7 @@ class Q6_KEncoding:
 
     def dequantize(self, data: np.ndarray, shape, out: np.ndarray | None = None) -> np.ndarray:
         """uint8 Q6_K blocks -> float32 of logical ``shape`` (bit-identical to GGML)."""
-        from ..kernels.block_rows import dequantize_blocks
-
-        blocks, shape = bytes_to_blocks(self, data, shape)
-        out = output_array(self.name, shape, out)
-        dequantize_blocks(self.name, blocks, out.reshape(-1))
-        return out
+        return decode_exact(self, data, shape, out)
 
 
 Q6_K = register(Q6_KEncoding())
