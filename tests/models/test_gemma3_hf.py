@@ -66,3 +66,26 @@ def test_gemma3_window_matters(gemma3):
     session, _, _ = load_model(spec_path("gemma3"), td, variant="tiny")
     pre, dec = compare(session, ref, ids)
     assert pre > 10 * TOL and dec > 10 * TOL
+
+
+def test_gemma3_layer_types_from_config(tmp_path):
+    """A config.json whose layer_types are not every-6th-global: each layer's kind (its
+    window and RoPE base) follows the list; reading global_every alone would not."""
+    kinds = ["sliding_attention", "full_attention", "sliding_attention",
+             "full_attention", "full_attention", "sliding_attention"]
+    model = make_gemma3(layer_types=kinds)
+    assert list(model.config.layer_types) == kinds
+    path = save_hf(model, tmp_path / "hf")
+    ids = token_ids(model.config.vocab_size)
+    ref = hf_logits(model, ids)
+    td = md.load_weights(path)
+    assert params_from_metadata(md.load_spec(spec_path("gemma3")), td.metadata)[
+        "layer_types"] == kinds
+    session, _, _ = load_model(spec_path("gemma3"), path, variant="tiny")
+    pre, dec = compare(session, ref, ids)
+    print(f"gemma3 layer_types vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
+    assert pre <= TOL and dec <= TOL
+    del td.metadata["layer_types"]                 # negative control: the periodic pattern
+    session, _, _ = load_model(spec_path("gemma3"), td, variant="tiny")
+    pre, dec = compare(session, ref, ids)
+    assert pre > 10 * TOL and dec > 10 * TOL
