@@ -1,0 +1,95 @@
+"""Where a generation step's time goes, op by op (run by hand; not a speed test).
+
+Gemma 3 270M Q4_K_M, 2 threads: runs a prefill of the bench prompt (128 tokens) and
+``--tokens`` decode steps with every op's ``run`` wrapped in a timer, then prints per
+op (qmatmul per encoding and weight shape) the calls per step, milliseconds per step
+and microseconds per call, for the prefill and for the mean decode step. The timer
+adds about a microsecond per call.
+
+    python bench/profile_ops.py [--tokens 32] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+class _Timed:
+    """Wraps an op's run: adds its wall time to ``totals[key]``."""
+
+    def __init__(self, name, run, totals, calls):
+        self.name, self.run, self.totals, self.calls = name, run, totals, calls
+
+    def __call__(self, args, attrs):
+        key = self.name
+        if key == "qmatmul":
+            key = f"qmatmul {args[1].encoding} {list(args[1].shape)}"
+        t = time.perf_counter()
+        out = self.run(args, attrs)
+        self.totals[key] += time.perf_counter() - t
+        self.calls[key] += 1
+        return out
+
+
+def _report(title, totals, calls, steps, wall):
+    print(f"\n{title}: {wall / steps * 1e3:.2f} ms per step, ops {sum(totals.values()) / steps * 1e3:.2f} ms")
+    print(f"  {'op':36} {'calls':>7} {'ms':>8} {'us/call':>9}")
+    for key in sorted(totals, key=lambda k: -totals[k]):
+        print(f"  {key:36} {calls[key] / steps:7.1f} {totals[key] / steps * 1e3:8.3f} "
+              f"{totals[key] / calls[key] * 1e6:9.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    import numba
+
+    numba.set_num_threads(a.threads)
+    from generate import N_PROMPT, PROMPT, _gguf_path
+    from maxdecl.ops import _registry
+    from maxdecl.pipelines.generate import generate_ids
+    from maxdecl.pipelines.model_loading import load_model
+    from maxdecl.pipelines.sampling import Sampler
+
+    spec = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "specs", "gemma3.yaml")
+    session, tok, _ = load_model(spec, _gguf_path(), None)
+    ids = tok.encode(PROMPT, add_bos=True)[:N_PROMPT]
+    generate_ids(session, tok, ids, 4, Sampler(), stop_ids=())          # warm up
+    totals, calls = collections.defaultdict(float), collections.Counter()
+    originals = {}
+    for name, op in _registry.REGISTRY.items():
+        originals[name] = op.run
+        object.__setattr__(op, "run", _Timed(name, op.run, totals, calls))
+    try:
+        t = time.perf_counter()
+        generate_ids(session, tok, ids, 1, Sampler(), stop_ids=())     # the prefill alone
+        wall_pre = time.perf_counter() - t
+        pre_t, pre_c = dict(totals), dict(calls)
+        _report(f"prefill of {len(ids)} tokens", totals, calls, 1, wall_pre)
+        totals.clear()
+        calls.clear()
+        res = generate_ids(session, tok, ids, a.tokens + 1, Sampler(), stop_ids=())
+        # this run's prefill is counted too: take the prefill-alone figures out
+        for k in list(totals):
+            totals[k] = max(totals[k] - pre_t.get(k, 0.0), 0.0)
+            calls[k] -= pre_c.get(k, 0)
+            if calls[k] <= 0:
+                del totals[k], calls[k]
+        _report(f"decode, mean of {a.tokens} steps", totals, calls, a.tokens,
+                res.decode_seconds)
+    finally:
+        for name, op in _registry.REGISTRY.items():
+            object.__setattr__(op, "run", originals[name])
+    print(f"\ndecode {res.decode_tps:.1f} tokens/s with the timers in place")
+
+
+if __name__ == "__main__":
+    main()
