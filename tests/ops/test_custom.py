@@ -74,3 +74,27 @@ def test_entry_point_ops_load_on_demand(monkeypatch):
         assert _registry.get("test_plugin_double").name == "test_plugin_double"
     finally:
         md.ops.unregister_custom("test_plugin_double")
+
+
+def test_a_kernel_failing_at_run_time_names_its_node_and_inputs():
+    @md.ops.register_custom("test_fails", inputs=("x",), infer=lambda x: x)
+    def fn(x):
+        """Fails on rows of length 3."""
+        if x.shape[-1] == 3:
+            raise ValueError("three is not allowed")
+        return x
+
+    try:
+        g = md.Graph("t", [md.TensorType("float32", ("n", "k"))])
+        with g.layer("blk.0"):
+            (h,) = md.ops.custom("test_fails", g.inputs)
+        with g.layer("blk.1"):
+            (y,) = md.ops.custom("test_fails", [md.ops.neg(h)])
+        g.output(y)
+        g.execute(np.ones((2, 4), np.float32))                     # fine
+        with pytest.raises(md.GraphError,
+                           match=r"blk\.0: test_fails: ValueError: three is not allowed "
+                                 r"\(inputs: float32\[2, 3\]\)"):
+            g.execute(np.ones((2, 3), np.float32))
+    finally:
+        md.ops.unregister_custom("test_fails")
