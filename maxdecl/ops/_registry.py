@@ -29,6 +29,19 @@ class OpDef:
 
 
 REGISTRY: dict[str, OpDef] = {}
+_KERNELS: dict = {}
+
+
+def kernels(name: str):
+    """The module ``maxdecl.kernels.<name>``, imported on first use (numba loads then,
+    never when a spec is parsed or a graph built); later calls are one dict lookup
+    where a function-level import statement cost ~1 us per op call."""
+    mod = _KERNELS.get(name)
+    if mod is None:
+        import importlib
+
+        mod = _KERNELS[name] = importlib.import_module(f"maxdecl.kernels.{name}")
+    return mod
 
 
 def register(name: str, *, infer, run, normalize=None, kind: str = "",

@@ -16,7 +16,7 @@ import numpy as np
 from .. import codecs
 from ..dtypes import DType, TensorType, format_shape
 from ..errors import GraphError
-from ._registry import apply, register
+from ._registry import apply, kernels, register
 
 __all__ = ["qmatmul"]
 
@@ -45,14 +45,14 @@ _KERNELS_FOR: dict = {}   # encoding object -> whether the packed-block kernels 
 def _block_kernels(enc) -> bool:
     ok = _KERNELS_FOR.get(enc)
     if ok is None:
-        from ..kernels import qmatmul as kq
+        kq = kernels("qmatmul")
         ok = _KERNELS_FOR[enc] = kq.has_kernel(str(enc.name), int(enc.block_elements),
                                                int(enc.block_bytes))
     return ok
 
 
 def _qmatmul_run(args, attrs):
-    from ..kernels import qmatmul as kq
+    kq = kernels("qmatmul")
 
     x, qt = args
     n, k = qt.shape

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, register
+from ._registry import apply, kernels, register
 from .kv_cache import append_kv
 
 __all__ = ["embedding", "rope", "attention"]
@@ -99,7 +99,7 @@ def _rope_infer(inputs, attrs):
 
 
 def _rope_run(args, attrs):
-    from ..kernels import rope as k
+    k = kernels("rope")
 
     x, pos, *factors = args
     dim = attrs["dim"] or x.shape[-1]
@@ -191,7 +191,7 @@ def _attention_infer(inputs, attrs):
 
 
 def _attention_run(args, attrs):
-    from ..kernels import attention as kern
+    kern = kernels("attention")
 
     q, k, v, *rest = args
     new_cache = None
