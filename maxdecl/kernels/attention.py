@@ -21,6 +21,22 @@ from .vmath import expf
 _QB = 8  # query rows per task
 
 
+@numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
+def _softmax_inplace(sc, n):
+    # sc[:n] <- softmax(sc[:n]), the max subtracted first (both attention kernels)
+    m = sc[0]
+    for j in range(1, n):
+        m = max(m, sc[j])
+    tot = np.float32(0)
+    for j in range(n):
+        e = expf(sc[j] - m)
+        sc[j] = e
+        tot += e
+    inv = np.float32(1) / tot
+    for j in range(n):
+        sc[j] *= inv
+
+
 @numba.njit(cache=CACHE, inline="always")
 def _key_range(pos, T, causal, window):
     # keys [lo, hi) a query at absolute position pos may see: j <= pos when causal,
@@ -104,17 +120,7 @@ def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
             if slope != 0:
                 for j in range(n):
                     sc[j] += slope * np.float32(lo + j - pos)
-            m = sc[0]
-            for j in range(1, n):
-                m = max(m, sc[j])
-            tot = np.float32(0)
-            for j in range(n):
-                e = expf(sc[j] - m)
-                sc[j] = e
-                tot += e
-            inv = np.float32(1) / tot
-            for j in range(n):
-                sc[j] *= inv
+            _softmax_inplace(sc, n)
             # out[e] = sum_j p[j] v[j, e] = p . vt[e, lo:hi]
             _dots4(sc[:n], vh, 0, Dv, lo, orow, 0)
 
@@ -145,7 +151,6 @@ def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offse
             qs[d] = q[b, i, h, d] * scale
         n = hi - lo
         sc = np.empty(n, np.float32)
-        m = np.float32(-np.inf)
         for j in range(n):
             kr = k[b, lo + j, hk]
             t = np.float32(0)
@@ -155,15 +160,9 @@ def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offse
                 t = softcap * math.tanh(t / softcap)
             t += slopes[h] * np.float32(lo + j - pos)
             sc[j] = t
-            m = max(m, t)
-        tot = np.float32(0)
+        _softmax_inplace(sc, n)
         for j in range(n):
-            e = expf(sc[j] - m)
-            sc[j] = e
-            tot += e
-        inv = np.float32(1) / tot
-        for j in range(n):
-            p = sc[j] * inv
+            p = sc[j]
             vr = v[b, lo + j, hk]
             for e in range(Dv):
                 orow[e] += p * vr[e]

@@ -85,6 +85,15 @@ def f16_round(f, table):
 
 
 @njit(cache=CACHE, fastmath=EXACT)
+def all_finite(row):
+    """True unless ``row`` holds a NaN or an infinity (quantizers flag such blocks)."""
+    for v in row:
+        if not (abs(v) < np.float32(np.inf)):
+            return False
+    return True
+
+
+@njit(cache=CACHE, fastmath=EXACT)
 def nearest_int(f):
     """GGML's ``nearest_int``: add 1.5 * 2**23 and read the low mantissa bits.
 

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from .block_rows import _q4k_scale_min
-from .codec_common import f32_to_f16_bits, nearest_int
+from .codec_common import all_finite, f32_to_f16_bits, nearest_int
 from .config import CACHE, EXACT
 
 QK_K = 256
@@ -155,11 +155,7 @@ def _q4_k_quantize(x, table, out, bad):
         scales = np.zeros(8, dtype=np.float32)
         mins = np.zeros(8, dtype=np.float32)
         for i in range(c * CHUNK, min(nb, (c + 1) * CHUNK)):
-            finite = True
-            for j in range(QK_K):
-                if not (abs(x[i, j]) < np.float32(np.inf)):
-                    finite = False
-            if not finite:
+            if not all_finite(x[i]):
                 bad[i] = 1
                 continue
             _q4_k_block(x[i], table, out[i], L, laux, w, scales, mins)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .codec_common import f32_to_f16_bits, nearest_int
+from .codec_common import all_finite, f32_to_f16_bits, nearest_int
 from .config import CACHE, EXACT
 
 QK_K = 256
@@ -117,11 +117,7 @@ def _q6_k_quantize(x, table, out, bad):
         L = np.zeros(QK_K, dtype=np.uint8)
         scales = np.zeros(16, dtype=np.float32)
         for i in range(c * CHUNK, min(nb, (c + 1) * CHUNK)):
-            finite = True
-            for j in range(QK_K):
-                if not (abs(x[i, j]) < np.float32(np.inf)):
-                    finite = False
-            if not finite:
+            if not all_finite(x[i]):
                 bad[i] = 1
                 continue
             _q6_k_block(x[i], table, out[i], L, scales)
