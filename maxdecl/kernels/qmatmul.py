@@ -32,6 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..blocks import GGML_BLOCKS
 from .block_rows import KINDS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
 from .config import CACHE, FASTMATH
 from .gemv import (_FM, _IR_I64, _V8F, _gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0,
@@ -152,8 +153,7 @@ def pack_panels(x2: np.ndarray) -> np.ndarray:
 _GEMV = {"q4_0": _gemv_q4_0, "q5_0": _gemv_q5_0, "q8_0": _gemv_q8_0,
          "q4_k": _gemv_q4_k, "q6_k": _gemv_q6_k, "bf16": _gemv_bf16}
 # (block_elements, block_bytes) each kernel assumes, as GGML defines them
-LAYOUTS = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
-           "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2)}
+LAYOUTS = GGML_BLOCKS   # name -> (block_elements, block_bytes), defined once
 
 
 def has_kernel(encoding: str, block_elements: int, block_bytes: int) -> bool:

@@ -27,6 +27,7 @@ from ..errors import SpecError
 from . import semantic
 from .marks import load_yaml
 from .model import Program, Spec
+from .parse import parse
 
 __all__ = ["SpecProblem", "Spec", "Program", "load_spec", "validate_spec", "validate_text",
            "parse_text", "format_problems"]
@@ -65,7 +66,7 @@ def parse_text(text: str, file: str = "<string>") -> tuple[Spec | None, list[Spe
         found = [p for p in schema_check(data, marks) if not _covered(p.path, bad)]
         problems += found
         bad += [p.path for p in found]
-        spec, parse_problems = semantic.parse(data, marks, file)
+        spec, parse_problems = parse(data, marks, file)
         if spec is not None:
             more = parse_problems + semantic.check(spec)
             problems += [p for p in more if not _covered(p.path, bad)]
