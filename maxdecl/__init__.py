@@ -27,6 +27,8 @@ _LAZY = {
     "SpecProblem": ("spec", "SpecProblem"),
     "SCHEMA": ("spec.schema", "SCHEMA"),
     "build": ("builder", "build"),
+    "compile": ("runtime", "compile"),
+    "CompiledGraph": ("runtime", "CompiledGraph"),
     "load_weights": ("weights", "load_weights"),
     "load_tokenizer": ("pipelines.tokenizer", "load_tokenizer"),
     "generate": ("pipelines.generate", "generate"),

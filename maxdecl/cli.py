@@ -1,4 +1,4 @@
-"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema.
+"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema | ops.
 
 Each subcommand imports only what it needs (``validate`` never imports numba).
 Errors print one line (``file:line:col: message`` or the layer path) and no
@@ -58,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dot", action="store_true", help="Graphviz dot of the built graph")
 
     sub.add_parser("schema", help="print the spec JSON Schema")
+    sub.add_parser("ops", help="print the op reference (inputs, attributes, type rules)")
     return p
 
 
@@ -144,6 +145,13 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
+def cmd_ops(args) -> int:
+    from .ops.reference import reference_markdown
+
+    print(reference_markdown(), end="")
+    return EXIT_OK
+
+
 def cmd_inspect(args) -> int:
     from .tensors import QuantizedTensor
     from .weights import load_weights
@@ -198,5 +206,5 @@ def cmd_quantize(args) -> int:
     return quantize_cli(args)
 
 
-COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "inspect": cmd_inspect,
+COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "ops": cmd_ops, "inspect": cmd_inspect,
             "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize}

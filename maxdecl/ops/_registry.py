@@ -51,6 +51,7 @@ class OpDef:
     kind: str = ""
     rule_doc: str = ""                     # the type rule in words, for the op reference
     dim_attrs: tuple = ()                  # attributes that hold dims (a reshape's shape)
+    outputs_doc: str = ""                  # in words, when ``outputs`` is a function
 
     def arity(self) -> tuple[int, int | None]:
         """(min, max) number of inputs; max None for variadic ops."""
@@ -84,13 +85,14 @@ _RUNNERS: dict[str, Callable] = {}
 
 
 def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,
-           outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=()) -> OpDef:
+           outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=(),
+           outputs_doc="") -> OpDef:
     """Define and register op ``name``; a name is defined once."""
     if name in REGISTRY:
         raise GraphError(f"op {name!r} is already registered")
     opdef = OpDef(name, rule, run, tuple(inputs), tuple(optional), variadic,
                   MappingProxyType(dict(attrs or {})), outputs, doc, normalize, kind, rule_doc,
-                  tuple(dim_attrs))
+                  tuple(dim_attrs), outputs_doc)
     REGISTRY[name] = opdef
     return opdef
 

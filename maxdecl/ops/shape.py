@@ -112,7 +112,8 @@ define("concat", rule=_concat_rule, run="shape", inputs=("values",), variadic=Tr
        attrs={"axis": 0}, kind="shape", doc="join along axis",
        rule_doc="one dtype and rank; dims other than axis equal; axis dims add")
 define("split", rule=_split_rule, run="shape", attrs={"sizes": REQUIRED, "axis": 0},
-       outputs=lambda n, attrs: len(attrs["sizes"]), kind="shape",
+       outputs=lambda n, attrs: len(attrs["sizes"]), outputs_doc="one per entry of `sizes`",
+       kind="shape",
        normalize=lambda a: {**a, "sizes": tuple(int(s) for s in a["sizes"])},
        doc="split into pieces of the given sizes (one output per size)",
        rule_doc="sizes sum to the axis dim")
@@ -143,13 +144,13 @@ def _slice_rule(inputs, attrs):
     _checks.not_quantized(x)
     starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"]
     if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ValueError(f"slice: starts {list(starts)}, ends {list(ends)}, axes {list(axes)} "
+        raise ValueError(f"starts {list(starts)}, ends {list(ends)}, axes {list(axes)} "
                          f"and steps {list(steps)} must have one length")
     norm = [_checks.valid_axis(a, x.rank) for a in axes]
     if len(set(norm)) != len(norm):
-        raise ValueError(f"slice: axes {list(axes)} repeat an axis")
+        raise ValueError(f"axes {list(axes)} repeat an axis")
     if 0 in steps:
-        raise ValueError("slice: steps must be nonzero")
+        raise ValueError("steps must be nonzero")
     out = list(x.shape)
     for a, s, e, st in zip(norm, starts, ends, steps):
         d = x.shape[a]

@@ -172,6 +172,7 @@ define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "
        attrs={"causal": True, "scale": None, "sliding_window": None, "alibi_slopes": None,
               "softcap": None},
        outputs=lambda n, attrs: 2 if n >= 4 else 1, normalize=_normalize_attention,
+       outputs_doc="out; with `kv_cache` also the new cache",
        kind="transformer",
        doc="grouped-query attention on [..., seq, heads, head_dim]; with kv_cache also "
            "returns the new cache",

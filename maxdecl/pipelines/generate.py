@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MaxdeclError
+from ..runtime import compile as compile_graph
 from .sampling import Sampler
 
 
@@ -46,6 +47,7 @@ class Session:
 
     def __init__(self, graph, weights):
         self.graph, self.weights = graph, weights
+        self.compiled = compile_graph(graph, weights)     # planned and bound once
         names = [v.name for v in graph.inputs]
         out_names = list(graph.output_names)
         for need in ("tokens", "positions"):
@@ -79,7 +81,7 @@ class Session:
         feed = {"tokens": tokens, "positions": np.arange(start, start + tokens.size, dtype=np.int64),
                 "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits
                                else np.array([tokens.size - 1], np.int64)), **state}
-        outs = self.graph.execute(*(feed[n] for n in self._in_names), weights=self.weights)
+        outs = self.compiled(*(feed[n] for n in self._in_names))
         logits = outs[self._logits_index]
         if "logit_rows" not in self._in_names and not all_logits:
             logits = logits[-1:]

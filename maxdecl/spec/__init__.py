@@ -110,7 +110,12 @@ def load_spec(path, variant: str | None = None) -> Spec:
     if isinstance(path, Spec):
         return path if variant in (None, path.variant) and path.params else \
             semantic.select_variant(path, variant or path.variant)
-    spec, problems = parse_text(_read(path), str(path))
+    try:
+        text = _read(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: cannot read the spec: {getattr(e, 'strerror', None) or e}") \
+            from None
+    spec, problems = parse_text(text, str(path))
     if problems:
         more = len(problems) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
