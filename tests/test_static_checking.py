@@ -46,3 +46,20 @@ def test_op_definitions_and_dims_import_no_numpy():
     code = ("import sys, maxdecl.ops, maxdecl.dims, maxdecl.spec.typecheck\n"
             "assert 'numpy' not in sys.modules, 'numpy loaded'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
+
+
+def test_schema_file_carries_the_generated_op_and_encoding_names(tmp_path):
+    from maxdecl.spec.schema import SCHEMA
+    from maxdecl.spec.schema_gen import generate
+
+    assert SCHEMA == generate(SCHEMA), \
+        "maxdecl/schema/spec.schema.json is stale: regenerate it with schema_gen.generate"
+    layer = SCHEMA["$defs"]["layer"]
+    assert "rms_norm" in layer["properties"]["op"]["examples"]
+    rms = next(r for r in layer["allOf"] if r["if"]["properties"]["op"]["const"] == "rms_norm")
+    assert rms["then"]["properties"]["attrs"]["properties"]["epsilon"]["default"] == 1e-6
+    assert "q4_k" in SCHEMA["$defs"]["encoding"]["examples"]
+    out = tmp_path / "spec.schema.json"
+    done = subprocess.run([sys.executable, "-m", "maxdecl", "schema", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and json.loads(out.read_text()) == SCHEMA
