@@ -48,8 +48,8 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
         params: hyperparameter overrides (e.g. read from weights metadata).
 
     Returns:
-        A Graph; ``graph.output_names`` names its outputs, ``graph.bound_weights``
-        is ``weights``; pass them to ``graph.execute(..., weights=...)``.
+        A Graph; ``graph.output_names`` names its outputs. Run it with
+        ``md.compile(graph, weights)(*inputs)`` (or ``graph.execute(..., weights=...)``).
 
     Raises:
         SpecError: the spec is invalid. WeightsError: missing, unexpected or
@@ -106,8 +106,6 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
         finally:
             scopes.close()
     g.output([env[vid] for _, vid in prog.outputs], names=[name for name, _ in prog.outputs])
-    g.bound_weights = weights
-    g.program = prog
     return g
 
 

@@ -14,6 +14,7 @@ Plain Python, no NumPy: the spec layer (``maxdecl validate``) uses it.
 
 from __future__ import annotations
 
+import functools
 import re
 
 Dim = "int | str"
@@ -23,6 +24,21 @@ _TERM = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_][A-Za-z0-9_]*(?:\s*\*\s*[A-
 
 def poly(d) -> dict:
     """``{monomial: coefficient}`` of a dim; a monomial is a sorted tuple of names."""
+    return dict(_poly(d)) if isinstance(d, str) else _int_poly(d)
+
+
+def _int_poly(d) -> dict:
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise TypeError(f"dim {d!r} must be an int or a str")
+    return {(): d} if d else {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _poly(d: str) -> tuple:
+    return tuple(_parse(d).items())
+
+
+def _parse(d) -> dict:
     if isinstance(d, bool):
         raise TypeError(f"dim {d!r} must be an int or a str")
     if isinstance(d, int):

@@ -16,6 +16,8 @@ from .blocks import block_size
 from .errors import GraphError
 
 Dim = Union[int, str]
+_FLOATS = frozenset({"float32", "float16", "bfloat16"})
+_INTS = frozenset({"int8", "uint8", "int32", "int64"})
 _NUMPY: dict = {}
 
 
@@ -51,11 +53,11 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.float32, DType.float16, DType.bfloat16)
+        return self._value_ in _FLOATS
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.int8, DType.uint8, DType.int32, DType.int64)
+        return self._value_ in _INTS
 
     @classmethod
     def from_numpy(cls, dtype) -> "DType":
