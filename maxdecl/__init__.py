@@ -29,6 +29,7 @@ _LAZY = {
     "build": ("builder", "build"),
     "compile": ("runtime", "compile"),
     "CompiledGraph": ("runtime", "CompiledGraph"),
+    "PerSequence": ("runtime", "PerSequence"),
     "load_weights": ("weights", "load_weights"),
     "load_tokenizer": ("pipelines.tokenizer", "load_tokenizer"),
     "generate": ("pipelines.generate", "generate"),

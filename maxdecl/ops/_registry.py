@@ -52,6 +52,12 @@ class OpDef:
     rule_doc: str = ""                     # the type rule in words, for the op reference
     dim_attrs: tuple = ()                  # attributes that hold dims (a reshape's shape)
     outputs_doc: str = ""                  # in words, when ``outputs`` is a function
+    # Ops that mix positions along the sequence axis (attention) run once per sequence
+    # when several sequences are batched: their row inputs are cut along
+    # ``sequence_axis`` and each sequence brings its own ``state`` input (input name ->
+    # the output index of the updated state). Every other op is row-wise.
+    sequence_axis: int | None = None
+    state: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     def arity(self) -> tuple[int, int | None]:
         """(min, max) number of inputs; max None for variadic ops."""
@@ -86,13 +92,14 @@ _RUNNERS: dict[str, Callable] = {}
 
 def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,
            outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=(),
-           outputs_doc="") -> OpDef:
+           outputs_doc="", sequence_axis=None, state=None) -> OpDef:
     """Define and register op ``name``; a name is defined once."""
     if name in REGISTRY:
         raise GraphError(f"op {name!r} is already registered")
     opdef = OpDef(name, rule, run, tuple(inputs), tuple(optional), variadic,
                   MappingProxyType(dict(attrs or {})), outputs, doc, normalize, kind, rule_doc,
-                  tuple(dim_attrs), outputs_doc)
+                  tuple(dim_attrs), outputs_doc, sequence_axis,
+                  MappingProxyType(dict(state or {})))
     REGISTRY[name] = opdef
     return opdef
 
