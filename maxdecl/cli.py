@@ -43,6 +43,45 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--variant")
     r.add_argument("--threads", type=int)
 
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the 'serve' extra)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sv.add_argument("spec", metavar="SPEC")
+    sv.add_argument("-m", "--weights", help="GGUF, safetensors, HF dir or llama2.c .bin "
+                    "(default: models/<spec name>/ or a known source)")
+    sv.add_argument("--variant", help="spec variant (default: the weights decide)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind")
+    sv.add_argument("--port", type=int, default=8080, help="TCP port")
+    sv.add_argument("--parallel", type=int, default=4, help="sequences decoded together")
+    sv.add_argument("--chat-template", metavar="FILE",
+                    help="Jinja chat template (default: the weights', else the spec's)")
+    sv.add_argument("--model-name", help="model id clients send (default: the spec's name)")
+
+    ch = sub.add_parser("chat", help="interactive chat in the terminal",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ch.add_argument("spec", metavar="SPEC")
+    ch.add_argument("-m", "--weights", help="weights file or HF dir")
+    ch.add_argument("--variant", help="spec variant")
+    ch.add_argument("--chat-template", metavar="FILE", help="Jinja chat template")
+    ch.add_argument("--system", help="a system message to start with")
+    ch.add_argument("-n", "--max-new-tokens", type=int, default=256, help="tokens per reply")
+    ch.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0,
+                    help="sampling temperature (0 = greedy)")
+    ch.add_argument("-s", "--seed", type=int, default=0, help="sampling seed")
+
+    bt = sub.add_parser("batch", help="JSONL prompts in, JSONL results out (local or Ray)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    bt.add_argument("spec", metavar="SPEC")
+    bt.add_argument("-m", "--weights", help="weights file or HF dir")
+    bt.add_argument("--variant", help="spec variant")
+    bt.add_argument("--input", required=True, metavar="PROMPTS.jsonl",
+                    help='one {"id": ..., "prompt": ...} a line (+ optional OpenAI fields)')
+    bt.add_argument("--output", required=True, metavar="RESULTS.jsonl",
+                    help="results, one a line; ids already there are skipped (resume)")
+    bt.add_argument("--parallel", type=int, default=8, help="sequences decoded together")
+    bt.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run on Ray Data (a local Ray when no address is given)")
+    bt.add_argument("--ray-workers", type=int, default=1, help="model replicas on Ray")
+
     q = sub.add_parser("quantize", help="quantize a checkpoint, safetensors or GGUF")
     q.add_argument("src", metavar="SRC")
     q.add_argument("-o", "--output", required=True, metavar="OUT.safetensors")
@@ -211,6 +250,28 @@ def cmd_run(args) -> int:
     return run_cli(args)
 
 
+def cmd_serve(args) -> int:
+    from .serve.cli import serve_cli
+
+    _need_file(args.spec)
+    return serve_cli(args)
+
+
+def cmd_chat(args) -> int:
+    from .serve.chat import chat_cli
+
+    _need_file(args.spec)
+    return chat_cli(args)
+
+
+def cmd_batch(args) -> int:
+    from .batch import batch_cli
+
+    _need_file(args.spec)
+    _need_file(args.input)
+    return batch_cli(args)
+
+
 def cmd_quantize(args) -> int:
     from .pipelines.quantize import quantize_cli
 
@@ -220,4 +281,5 @@ def cmd_quantize(args) -> int:
 
 
 COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "ops": cmd_ops, "inspect": cmd_inspect,
-            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize}
+            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize, "serve": cmd_serve,
+            "chat": cmd_chat, "batch": cmd_batch}
