@@ -80,10 +80,22 @@ def _context(spec, variant, params) -> int | None:
 
 
 def serve(server: Server, host: str = "127.0.0.1", port: int = 8080, log_level="info") -> None:
-    """Run the HTTP server until SIGINT/SIGTERM (uvicorn handles both cleanly)."""
+    """Run the HTTP server until SIGINT/SIGTERM: uvicorn stops taking connections,
+    finishes the open responses, then the engine stops; the process exits with 0."""
+    import contextlib
+
     import uvicorn
 
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                # a signal ended a clean shutdown: exit normally instead of re-raising it
+                getattr(self, "_captured_signals", []).clear()
+
     try:
-        uvicorn.run(build_app(server), host=host, port=port, log_level=log_level)
+        _Server(uvicorn.Config(build_app(server), host=host, port=port,
+                               log_level=log_level)).run()
     finally:
         server.engine.close()

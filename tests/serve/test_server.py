@@ -134,3 +134,35 @@ def test_a_client_that_disconnects_cancels_its_sequence(live_server):
     while server.engine.runner.busy and time.time() < deadline:
         time.sleep(0.05)
     assert not server.engine.runner.busy, "the abandoned sequence still decodes"
+
+
+def test_maxdecl_serve_starts_answers_and_stops_on_sigterm():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "maxdecl", "serve", str(SPECS / "llama3.yaml"),
+                             "--port", str(port), "--parallel", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0},
+                       timeout=60)
+        assert r.json()["choices"][0]["text"] == solo_text("Once upon a time", 4)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
