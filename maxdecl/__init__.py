@@ -28,7 +28,7 @@ _LAZY = {
     "SCHEMA": ("spec.schema", "SCHEMA"),
     "build": ("builder", "build"),
     "load_weights": ("weights", "load_weights"),
-    "load_tokenizer": ("pipelines.tokenizer", "load_tokenizer"),
+    "load_tokenizer": ("pipelines.tokenizer_embed", "load_tokenizer"),
     "generate": ("pipelines.generate", "generate"),
     "ops": ("ops", None),
     "codecs": ("codecs", None),
