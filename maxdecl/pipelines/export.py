@@ -34,7 +34,7 @@ _RECOMPUTED = ("general.architecture", "general.alignment", "general.file_type",
 GGML_QUANTIZATION_VERSION = 2     # ggml.h GGML_QNT_VERSION
 
 
-def gguf_metadata(spec, params: dict, source_meta: dict, td) -> dict:
+def gguf_metadata(spec, params: dict, source_meta: dict, td, file_type=None) -> dict:
     """The architecture and general keys of the GGUF for ``td`` (no tokenizer keys).
 
     Args:
@@ -43,6 +43,8 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td) -> dict:
         source_meta: the source's metadata (a GGUF's keys are carried when its
             architecture is the spec's).
         td: the tensors to be written (for ``general.file_type``).
+        file_type: llama.cpp's ftype when the caller knows it (a quantize preset);
+            None: from the tensors, or the GGUF source's own when ``td`` is as loaded.
 
     Raises:
         WeightsError: the spec has no ``formats.gguf.arch``.
@@ -56,9 +58,7 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td) -> dict:
                            "llama.cpp architecture it is")
     out = {}
     if _source_gguf(source_meta) and source_meta.get("general.architecture") == arch:
-        out.update({k: v for k, v in source_meta.items()
-                    if not k.startswith(("tokenizer.", "maxdecl.")) and "." in k
-                    and k not in _RECOMPUTED})
+        out.update(_carried(source_meta))
     out.setdefault("general.name", str(source_meta.get("general.name") or spec.name))
     written = set()
     for name, key in dict(section.get("metadata", {}) or {}).items():
@@ -72,10 +72,28 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td) -> dict:
     k_len, v_len = f"{arch}.attention.key_length", f"{arch}.attention.value_length"
     if k_len in out and v_len not in out:
         out[v_len] = out[k_len]
-    out["general.file_type"] = _file_type(td, source_meta)
-    out["general.architecture"] = arch
+    return _recomputed(out, arch, td, source_meta, file_type)
+
+
+def source_gguf_metadata(source_meta: dict, td, file_type=None) -> dict:
+    """A GGUF source's own keys (tokenizer aside) for re-encoded tensors ``td``: what
+    ``quantize X.gguf -o Y.gguf`` writes without a spec."""
+    return _recomputed(_carried(source_meta), source_meta.get("general.architecture"), td,
+                       {}, file_type)
+
+
+def _carried(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if not k.startswith(("tokenizer.", "maxdecl."))
+            and "." in k and k not in _RECOMPUTED}
+
+
+def _recomputed(out: dict, arch, td, source_meta: dict, file_type=None) -> dict:
+    if not arch:
+        raise WeightsError("the source has no general.architecture: give --spec")
+    out["general.file_type"] = file_type_of(td, source_meta) if file_type is None else file_type
     if any(isinstance(t, QuantizedTensor) and t.encoding != "bf16" for t in td.values()):
         out["general.quantization_version"] = GGML_QUANTIZATION_VERSION
+    out["general.architecture"] = arch
     return out
 
 
@@ -84,7 +102,7 @@ def _source_gguf(meta: dict) -> bool:
     return fmt == "gguf" or (fmt == "maxdecl" and meta.get("maxdecl.source_format") == "gguf")
 
 
-def _file_type(td, meta: dict) -> int:
+def file_type_of(td, meta: dict | None = None) -> int:
     """llama.cpp's ftype: the one encoding of every matrix, else (mixed) the source's own
     when the tensors are a GGUF's as loaded, else the encoding holding the most bytes."""
     from ..weights.gguf_write import LLAMA_FILE_TYPES
@@ -96,6 +114,7 @@ def _file_type(td, meta: dict) -> int:
         enc = t.encoding if isinstance(t, QuantizedTensor) else str(t.dtype)
         enc = {"float32": "f32", "float16": "f16", "float64": "f32"}.get(enc, enc)
         by_enc[enc] = by_enc.get(enc, 0) + int(t.nbytes)
+    meta = meta or {}
     if len(by_enc) > 1 and meta.get("maxdecl.format") == "gguf" and "general.file_type" in meta:
         return int(meta["general.file_type"])
     known = {e: n for e, n in by_enc.items() if e in LLAMA_FILE_TYPES}
