@@ -1,8 +1,9 @@
 """``maxdecl inspect --metadata``: a weights file's metadata, one key a line.
 
     GGUF          every key/value, in file order
-    safetensors   the ``__metadata__`` strings; a maxdecl checkpoint's JSON fields
-                  (``maxdecl.metadata``: carried GGUF keys, params, tokenizer) one key a line
+    safetensors   the ``__metadata__`` strings; a maxdecl checkpoint's ``maxdecl.metadata``
+                  JSON (its TensorDict.metadata: carried GGUF keys, params, tokenizer)
+                  one key a line
     llama2.c      the header fields;   Hugging Face dir: config.json
 
 Long values are summarized: ``tokenizer.ggml.tokens: [262144 x str] ['<pad>', '<eos>',
@@ -29,9 +30,9 @@ def summarize(value) -> str:
         kind = type(value[0]).__name__ if value else "?"
         return _array(list(value), kind)
     if isinstance(value, dict):
-        if len(value) > 8:
+        if len(value) > 20:
             return f"{{{len(value)} keys}} " + _cut(", ".join(list(value)[:_SHOW_ITEMS]) + ", ...")
-        return _cut(json.dumps(value, default=str))
+        return _cut(json.dumps(value, default=str), 2 * _MAX_CHARS)
     if isinstance(value, str):
         return _cut(repr(value))
     return repr(value)
@@ -85,8 +86,7 @@ def _safetensors_items(path) -> list:
         except ValueError:
             value = None
         if key == "maxdecl.metadata" and isinstance(value, dict):
-            out += [(f"{key}.{k}" if not k.startswith(("tokenizer.", "general.")) else k, v)
-                    for k, v in value.items()]
+            out += list(value.items())          # TensorDict.metadata, key by key
         else:
             out.append((key, value if isinstance(value, dict) else text))
     return out
