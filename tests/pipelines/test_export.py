@@ -121,6 +121,20 @@ def test_gemma_export_generates_the_same_greedy_ids(gemma):
     assert got.ids == want.ids and len(want.ids) == 6
 
 
+def test_gemma_q8_0_checkpoint_runs_alone(gemma, tmp_path, capsys):
+    """The issue's commands: quantize with --spec, then run the checkpoint by itself."""
+    src, _ = gemma
+    ckpt = tmp_path / "g.safetensors"
+    assert main(["quantize", src, "-o", str(ckpt), "--encoding", "q8_0", "--spec",
+                 GEMMA_SPEC]) == 0
+    capsys.readouterr()
+    assert main(["run", GEMMA_SPEC, "--weights", str(ckpt), "--prompt", "The capital of",
+                 "--max-new-tokens", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("The capital of") and "2 generated tokens" in out[-1]
+    assert md.checkpoint.load(str(ckpt)).metadata["params"]["head_dim"] == 256
+
+
 def test_q4_k_m_preset_reproduces_the_published_gemma_file(gemma):
     """The Q4_K_M rule (llama.cpp's mix with its K-quant fallbacks) picks, for every
     tensor of the real file, the encoding llama.cpp's quantizer wrote."""
