@@ -122,19 +122,28 @@ def file_type_of(td, meta: dict | None = None) -> int:
 
 
 def tokenizer_keys(src: str, meta: dict) -> tuple[dict, str]:
-    """(``tokenizer.*`` keys for the GGUF, a note when there are none)."""
-    from .tokenizer_embed import HF_KEY, gguf_tokenizer_keys, tokenizer_to_metadata
+    """(``tokenizer.*`` keys for the GGUF, a note when there are none).
+
+    A GGUF's keys are used as they are; a llama2.c tokenizer.bin is converted (see
+    ``tokenizer_embed``); a Hugging Face byte-level BPE tokenizer.json is converted and
+    checked (see ``tokenizer_gguf``)."""
+    from ..errors import MaxdeclError
+    from .tokenizer_embed import (HF_KEY, gguf_tokenizer_keys, load_tokenizer,
+                                  tokenizer_from_metadata, tokenizer_to_metadata)
+    from .tokenizer_gguf import hf_to_gguf_keys
 
     keys = gguf_tokenizer_keys(meta)
     if keys:
         return keys, ""
-    if HF_KEY in meta:
-        return {}, "a Hugging Face tokenizer.json is not converted to GGUF keys"
-    beside = find_tokenizer_file(src)
-    if beside is None:
+    beside = None if HF_KEY in meta else find_tokenizer_file(src)
+    if HF_KEY not in meta and beside is None:
         return {}, "no tokenizer found in the source or beside it"
-    if beside.endswith(".json") or os.path.isdir(beside):
-        return {}, "a Hugging Face tokenizer.json is not converted to GGUF keys"
+    if HF_KEY in meta or beside.endswith(".json") or os.path.isdir(beside):
+        tok = tokenizer_from_metadata(meta, src) if HF_KEY in meta else load_tokenizer(beside)
+        try:
+            return hf_to_gguf_keys(tok), ""
+        except MaxdeclError as e:
+            return {}, f"its Hugging Face tokenizer.json was not converted: {e}"
     return tokenizer_to_metadata(beside), ""
 
 

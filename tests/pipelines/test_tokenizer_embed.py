@@ -69,3 +69,35 @@ def test_a_checkpoint_without_tokenizer_says_so(tmp_path):
     assert tokenizer_from_metadata(md.checkpoint.load(path).metadata) is None
     with pytest.raises(WeightsError, match="carries no tokenizer"):
         md.load_tokenizer(path)
+
+
+def test_hf_byte_level_bpe_converts_to_gguf_keys_that_encode_the_same(bpe_pair, tmp_path):
+    """export: a tokenizer.json beside HF weights becomes GGUF "gpt2" keys, checked."""
+    from maxdecl.pipelines.export import tokenizer_keys
+    from maxdecl.pipelines.tokenizer_bpe import PRE_TOKENIZERS
+    from maxdecl.weights.gguf_write import write_gguf
+
+    hf, gguf_tok = bpe_pair
+    hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text("{}")
+    keys, note = tokenizer_keys(str(tmp_path), {})
+    assert note == "" and keys["tokenizer.ggml.model"] == "gpt2"
+    assert PRE_TOKENIZERS[keys["tokenizer.ggml.pre"]] == PRE_TOKENIZERS[gguf_tok.pre]
+    write_gguf(tmp_path / "t.gguf", "llama", keys, {"w": np.ones(4, np.float32)})
+    tok = md.load_tokenizer(tmp_path / "t.gguf")
+    for text in BPE_TEXTS:
+        assert tok.encode(text) == _no_double_bos(hf.encode(text).ids, tok.bos_id), text
+        assert tok.decode(tok.encode(text, add_bos=False)) == text
+
+
+def test_a_tokenizer_json_that_does_not_convert_is_reported(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    from maxdecl.pipelines.export import tokenizer_keys
+
+    wl = tokenizers.Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    wl.pre_tokenizer = pre_tokenizers.Whitespace()
+    wl.save(str(tmp_path / "tokenizer.json"))
+    keys, note = tokenizer_keys(str(tmp_path / "model.safetensors"), {})
+    assert keys == {} and "only byte-level BPE" in note
