@@ -7,7 +7,6 @@ The weights fit when every weight the spec declares (and cannot stand in for, se
 from __future__ import annotations
 
 from ..errors import WeightsError
-from ..tensors import QuantizedTensor
 
 __all__ = ["check_fit"]
 
@@ -27,8 +26,7 @@ def check_fit(spec, params: dict, td, source: str) -> None:
     misshapen = []
     for name, w in declared.items():
         if name in td:
-            t = td[name]
-            shape = tuple(int(d) for d in (t.shape if isinstance(t, QuantizedTensor) else t.shape))
+            shape = tuple(int(d) for d in td[name].shape)    # logical, also when quantized
             want = tuple(int(d) for d in w.shape)
             if shape != want:
                 misshapen.append(f"{name} {list(shape)} (spec: {list(want)})")

@@ -179,6 +179,8 @@ def write_gguf(path, arch: str, metadata: dict, tensors) -> None:
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     writer = GGUFWriter(tmp, arch)
     try:
+        if metadata.get("general.alignment") is not None:   # data laid out as the key says
+            writer.data_alignment = int(metadata["general.alignment"])
         for key, value, vtype, sub in kv:
             writer.add_key_value(key, value, vtype, sub_type=sub)
         for name, arr, gtype in prepared:
