@@ -1,8 +1,12 @@
-"""``maxdecl quantize``: re-encode a checkpoint's tensors, by one encoding or a spec's rules.
+"""``maxdecl quantize``: re-encode a checkpoint's tensors, by one encoding, a spec's rules
+or a llama.cpp preset (``quant_presets``).
 
 Tensors that cannot take an encoding (1-D norms and biases without a spec rule,
 non-float tensors, last dims not a multiple of the block) stay as they are and
-are listed in the summary, with bytes before/after and the RMSE of each change.
+are listed in the summary, with bytes before/after and the RMSE of each change;
+a run where no tensor takes it is refused. With ``--spec`` the source must fit the
+spec (``fit.check_fit``). The output carries the tokenizer and the resolved
+hyperparameters (a checkpoint, or a GGUF for ``-o X.gguf``).
 """
 
 from __future__ import annotations

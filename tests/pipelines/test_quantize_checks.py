@@ -98,3 +98,13 @@ def test_q4_k_m_falls_back_on_short_rows_as_llama_cpp(stories_bin, tmp_path, cap
 
 def test_use_more_bits_matches_llama_cpp_for_gemma_depth():
     assert [i for i in range(18) if use_more_bits(i, 18)] == [0, 1, 4, 7, 10, 13, 15, 16, 17]
+
+
+def test_quantize_without_a_tokenizer_warns_and_run_says_why(stories_bin, tmp_path, capsys):
+    out = tmp_path / "q.safetensors"        # model.bin has no tokenizer.bin beside it
+    assert main(["quantize", stories_bin, "-o", str(out), "--encoding", "q8_0",
+                 "--spec", STORIES]) == 0
+    assert "no tokenizer in the source or beside it" in capsys.readouterr().err
+    assert main(["run", STORIES, "--weights", str(out), "--max-new-tokens", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no tokenizer in the weights or beside them" in err
