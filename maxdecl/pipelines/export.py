@@ -12,7 +12,8 @@ What goes into the file:
                             otherwise take embedding_length / head_count)
     tokenizer.ggml.*        the source's own (a GGUF's arrays as they are), else the one
                             carried in a checkpoint or found beside the source (tokenizer.bin)
-    tensors                 the spec's weight names (GGUF names), each in its encoding
+    tensors                 the spec's weight names (GGUF names), each in its encoding;
+                            1-D bf16/f16 tensors widened to f32 as llama.cpp's converter does
 
 SRC is read as ``maxdecl run`` reads it (GGUF, maxdecl checkpoint, HF dir, llama2.c .bin,
 through the spec's ``formats``) and must fit the spec (``fit.check_fit``).
@@ -121,6 +122,23 @@ def file_type_of(td, meta: dict | None = None) -> int:
     return LLAMA_FILE_TYPES[max(known, key=known.get)] if known else 0
 
 
+def widen_vectors(td):
+    """1-D bf16/f16 tensors (norms, biases) as float32, as llama.cpp's converter writes
+    them (its CPU ops take float32 there); the values are unchanged (the widening is exact)."""
+    import numpy as np
+
+    from ..tensors import TensorDict
+
+    out = TensorDict(metadata=dict(getattr(td, "metadata", {}) or {}))
+    for name, t in td.items():
+        if len(t.shape) <= 1 and isinstance(t, QuantizedTensor) and t.encoding == "bf16":
+            t = t.dequantize()
+        elif len(t.shape) <= 1 and not isinstance(t, QuantizedTensor) and t.dtype == np.float16:
+            t = t.astype(np.float32)
+        out[name] = t
+    return out
+
+
 def tokenizer_keys(src: str, meta: dict) -> tuple[dict, str]:
     """(``tokenizer.*`` keys for the GGUF, a note when there are none).
 
@@ -189,6 +207,7 @@ def export_gguf(src, spec, out, variant=None) -> dict:
     td = prepare_weights(spec, td, params)
     check_fit(spec, params, td, src)
     full = dict(spec.program(spec.variant, params, check_encodings=False).params)
+    td = widen_vectors(td)
     metadata = gguf_metadata(spec, full, meta, td)
     tok, note = tokenizer_keys(src, meta)
     metadata.update(tok)

@@ -230,7 +230,7 @@ def _carry_tokenizer(src: str, source_meta: dict, meta: dict) -> str:
 def _write_gguf(args, spec, full: dict, source_meta: dict, out) -> None:
     """``quantize -o X.gguf``: the quantized tensors as ``maxdecl export`` writes them."""
     from ..weights.gguf_write import write_gguf
-    from .export import gguf_metadata, tokenizer_keys
+    from .export import gguf_metadata, tokenizer_keys, widen_vectors
 
     from ..weights.gguf_write import LLAMA_FILE_TYPES
 
@@ -244,6 +244,7 @@ def _write_gguf(args, spec, full: dict, source_meta: dict, out) -> None:
         from .export import source_gguf_metadata
 
         metadata = source_gguf_metadata(source_meta, out, ftype)
+    out = widen_vectors(out)
     keys, _ = tokenizer_keys(args.src, dict(out.metadata))
     metadata.update(keys)
     arch = metadata.pop("general.architecture")

@@ -235,3 +235,19 @@ def test_export_refuses_weights_of_another_model(stories, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not fit" in err and "missing" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_vectors_are_widened_to_f32_as_llama_cpp_converts_them():
+    from maxdecl.pipelines.export import widen_vectors
+
+    x = np.linspace(-2, 2, 64, dtype=np.float32)
+    bf = md.codecs.get("bf16")
+    td = md.TensorDict({"n.weight": md.QuantizedTensor(bf.quantize(x), (64,), "bf16"),
+                        "b.bias": x.astype(np.float16),
+                        "m.weight": md.QuantizedTensor(bf.quantize(np.tile(x, (2, 1))),
+                                                       (2, 64), "bf16")})
+    out = widen_vectors(td)
+    assert out["n.weight"].dtype == np.float32 and out["b.bias"].dtype == np.float32
+    np.testing.assert_array_equal(out["n.weight"], td["n.weight"].dequantize())
+    np.testing.assert_array_equal(out["b.bias"], td["b.bias"].astype(np.float32))
+    assert out["m.weight"] is td["m.weight"]
