@@ -159,7 +159,7 @@ def cmd_validate(args) -> int:
 
     paths, io_errors = _spec_paths(args.specs)
     if io_errors and args.format == "text":
-        raise UsageError(io_errors[0])
+        raise UsageError(": ".join(io_errors[0]))
     problems = []
     for path in paths:
         try:
@@ -167,7 +167,7 @@ def cmd_validate(args) -> int:
         except OSError as e:
             if args.format == "text":
                 raise
-            io_errors.append(f"{path}: cannot read: {e.strerror or e}")
+            io_errors.append((path, f"cannot read: {e.strerror or e}"))
     if io_errors:
         print(_io_report(io_errors, args.format, format_problems(problems, args.format)))
         return EXIT_USAGE
@@ -185,19 +185,20 @@ def cmd_validate(args) -> int:
 
 
 def _spec_paths(args: list) -> tuple[list, list]:
-    """(spec files, I/O error lines): a directory gives every *.yaml / *.yml below it, sorted."""
+    """(spec files, I/O errors as (file, message)): a directory gives every *.yaml / *.yml
+    below it, sorted."""
     paths, errors = [], []
     for arg in args:
         if os.path.isdir(arg):
             found = sorted(os.path.join(d, f) for d, _, files in os.walk(arg) for f in files
                            if f.endswith((".yaml", ".yml")))
             if not found:
-                errors.append(f"{arg}: directory holds no *.yaml or *.yml spec")
+                errors.append((arg, "directory holds no *.yaml or *.yml spec"))
             paths.extend(found)
         elif not os.path.exists(arg):
-            errors.append(f"{arg}: no such file")
+            errors.append((arg, "no such file"))
         elif not os.access(arg, os.R_OK):
-            errors.append(f"{arg}: cannot read: permission denied")
+            errors.append((arg, "cannot read: permission denied"))
         else:
             paths.append(arg)
     return paths, errors
@@ -206,14 +207,13 @@ def _spec_paths(args: list) -> tuple[list, list]:
 def _io_report(errors: list, fmt: str, problems_text: str) -> str:
     """I/O errors in the machine format (json: the problem objects' shape plus
     ``"kind": "io"``, after any spec problems; github: ``::error`` lines)."""
-    file_of = [e.split(": ", 1) for e in errors]
     if fmt == "json":
         items = json.loads(problems_text) if problems_text else []
         items += [{"file": f, "line": None, "col": None, "path": "", "message": m,
-                   "kind": "io"} for f, m in file_of]
+                   "kind": "io"} for f, m in errors]
         return json.dumps(items, indent=2)
     lines = [problems_text] if problems_text else []
-    lines += [f"::error file={f}::{m}" for f, m in file_of]
+    lines += [f"::error file={f}::{m}" for f, m in errors]
     return "\n".join(lines)
 
 
