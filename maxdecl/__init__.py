@@ -31,7 +31,7 @@ _LAZY = {
     "CompiledGraph": ("runtime", "CompiledGraph"),
     "PerSequence": ("runtime", "PerSequence"),
     "load_weights": ("weights", "load_weights"),
-    "load_tokenizer": ("pipelines.tokenizer", "load_tokenizer"),
+    "load_tokenizer": ("pipelines.tokenizer_embed", "load_tokenizer"),
     "generate": ("pipelines.generate", "generate"),
     "ops": ("ops", None),
     "codecs": ("codecs", None),

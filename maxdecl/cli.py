@@ -1,4 +1,5 @@
-"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema | ops.
+"""The ``maxdecl`` command: validate | run | serve | chat | batch | quantize | export |
+inspect | graph | schema | ops.
 
 Each subcommand imports only what it needs (``validate`` never imports numba).
 Errors print one line (``file:line:col: message`` or the layer path) and no
@@ -22,14 +23,30 @@ class UsageError(Exception):
     """Bad command line or unreadable file: exit 2."""
 
 
+_QUANTIZE_EPILOG = """\
+encodings (--encoding):
+  q4_0 q5_0 q8_0 q4_k q6_k bf16  every float tensor of rank >= 2 (any case: Q8_0);
+                                 with --spec, the spec's encodings.overrides come first
+  spec                           the spec's own encodings rules (needs --spec)
+  Q4_K_M                         llama.cpp's mix: q4_k; q6_k for output.weight and for
+                                 attn_v/ffn_down of the layers llama.cpp picks; rows not
+                                 a multiple of 256 fall back to q5_0/q8_0 as llama.cpp does
+A run that quantizes nothing (e.g. q4_k on 288-wide rows) fails with exit 1; with --spec,
+SRC must hold exactly the spec's tensors (missing/unexpected names fail with exit 1).
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="maxdecl", description="Neural networks declared as YAML.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     v = sub.add_parser("validate", help="check specs against the schema and semantic rules")
-    v.add_argument("specs", nargs="+", metavar="SPEC")
-    v.add_argument("--format", choices=["text", "json", "github"], default="text")
+    v.add_argument("specs", nargs="+", metavar="SPEC",
+                   help="spec files, or directories (every *.yaml / *.yml below, sorted)")
+    v.add_argument("--format", choices=["text", "json", "github"], default="text",
+                   help="output format; json/github also report I/O errors (exit 2) "
+                        "(default: %(default)s)")
 
     r = sub.add_parser("run", help="generate text with a model spec")
     r.add_argument("spec", metavar="SPEC")
@@ -82,14 +99,35 @@ def _parser() -> argparse.ArgumentParser:
                     help="run on Ray Data (a local Ray when no address is given)")
     bt.add_argument("--ray-workers", type=int, default=1, help="model replicas on Ray")
 
-    q = sub.add_parser("quantize", help="quantize a checkpoint, safetensors or GGUF")
-    q.add_argument("src", metavar="SRC")
-    q.add_argument("-o", "--output", required=True, metavar="OUT.safetensors")
-    q.add_argument("--encoding", required=True, metavar="ENC")
-    q.add_argument("--spec", metavar="SPEC")
+    q = sub.add_parser(
+        "quantize", help="quantize a checkpoint, safetensors, GGUF, HF dir or llama2.c .bin",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Re-encode SRC's tensors. The output (a maxdecl checkpoint, or a GGUF "
+                    "when OUT ends in .gguf) carries the tokenizer and the hyperparameters, "
+                    "so `maxdecl run SPEC --weights OUT` needs nothing else.",
+        epilog=_QUANTIZE_EPILOG)
+    q.add_argument("src", metavar="SRC", help="weights to re-encode")
+    q.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="OUT.safetensors (maxdecl checkpoint) or OUT.gguf")
+    q.add_argument("--encoding", required=True, metavar="ENC",
+                   help="an encoding, 'spec' or Q4_K_M (see below)")
+    q.add_argument("--spec", metavar="SPEC",
+                   help="map SRC's names/hyperparameters by this spec and check they fit it")
 
-    i = sub.add_parser("inspect", help="list a weights file's tensors")
+    e = sub.add_parser("export", help="write a GGUF that llama.cpp runs",
+                       description="Write SRC (GGUF, maxdecl checkpoint, HF dir, llama2.c "
+                                   ".bin) as a GGUF: the spec's formats.gguf architecture "
+                                   "keys, the tokenizer, every tensor in its encoding.")
+    e.add_argument("src", metavar="SRC", help="weights the spec runs")
+    e.add_argument("--spec", required=True, metavar="SPEC", help="the model's spec")
+    e.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF to write")
+    e.add_argument("--variant", help="spec variant (default: the spec's default)")
+
+    i = sub.add_parser("inspect", help="list a weights file's tensors (or --metadata)")
     i.add_argument("weights", metavar="WEIGHTS")
+    i.add_argument("--metadata", action="store_true",
+                   help="list the metadata instead: GGUF key/values, safetensors __metadata__ "
+                        "(long arrays summarized)")
 
     g = sub.add_parser("graph", help="print a spec's layer tree with op and parameter counts")
     g.add_argument("spec", metavar="SPEC")
@@ -163,21 +201,64 @@ def _need_file(path: str) -> None:
 def cmd_validate(args) -> int:
     from .spec import format_problems, validate_spec
 
+    paths, io_errors = _spec_paths(args.specs)
+    if io_errors and args.format == "text":
+        raise UsageError(": ".join(io_errors[0]))
     problems = []
-    for path in args.specs:
-        _need_file(path)
-        problems.extend(validate_spec(path))
+    for path in paths:
+        try:
+            problems.extend(validate_spec(path))
+        except OSError as e:
+            if args.format == "text":
+                raise
+            io_errors.append((path, f"cannot read: {e.strerror or e}"))
+    if io_errors:
+        print(_io_report(io_errors, args.format, format_problems(problems, args.format)))
+        return EXIT_USAGE
     text = format_problems(problems, args.format)
     if text:
         print(text)
     if args.format == "text":
-        n = len(args.specs)
+        n = len(paths)
         if problems:
             print(f"{len(problems)} problem(s) in {len({p.file for p in problems})} of {n} "
                   f"spec(s)", file=sys.stderr)
         else:
             print(f"{n} spec(s) valid", file=sys.stderr)
     return EXIT_INVALID if problems else EXIT_OK
+
+
+def _spec_paths(args: list) -> tuple[list, list]:
+    """(spec files, I/O errors as (file, message)): a directory gives every *.yaml / *.yml
+    below it, sorted."""
+    paths, errors = [], []
+    for arg in args:
+        if os.path.isdir(arg):
+            found = sorted(os.path.join(d, f) for d, _, files in os.walk(arg) for f in files
+                           if f.endswith((".yaml", ".yml")))
+            if not found:
+                errors.append((arg, "directory holds no *.yaml or *.yml spec"))
+            paths.extend(found)
+        elif not os.path.exists(arg):
+            errors.append((arg, "no such file"))
+        elif not os.access(arg, os.R_OK):
+            errors.append((arg, "cannot read: permission denied"))
+        else:
+            paths.append(arg)
+    return paths, errors
+
+
+def _io_report(errors: list, fmt: str, problems_text: str) -> str:
+    """I/O errors in the machine format (json: the problem objects' shape plus
+    ``"kind": "io"``, after any spec problems; github: ``::error`` lines)."""
+    if fmt == "json":
+        items = json.loads(problems_text) if problems_text else []
+        items += [{"file": f, "line": None, "col": None, "path": "", "message": m,
+                   "kind": "io"} for f, m in errors]
+        return json.dumps(items, indent=2)
+    lines = [problems_text] if problems_text else []
+    lines += [f"::error file={f}::{m}" for f, m in errors]
+    return "\n".join(lines)
 
 
 def cmd_schema(args) -> int:
@@ -209,6 +290,12 @@ def cmd_inspect(args) -> int:
     from .weights import load_weights
 
     _need_file(args.weights)
+    if args.metadata:
+        from .weights.describe import metadata_lines
+
+        lines = metadata_lines(args.weights)
+        print("\n".join(lines))
+        return EXIT_OK
     td = load_weights(args.weights)
     rows = []
     for name, t in td.items():
@@ -272,6 +359,15 @@ def cmd_batch(args) -> int:
     return batch_cli(args)
 
 
+def cmd_export(args) -> int:
+    from .pipelines.export import export_cli
+
+    if not os.path.exists(args.src):
+        raise UsageError(f"{args.src}: no such file or directory")
+    _need_file(args.spec)
+    return export_cli(args)
+
+
 def cmd_quantize(args) -> int:
     from .pipelines.quantize import quantize_cli
 
@@ -281,5 +377,5 @@ def cmd_quantize(args) -> int:
 
 
 COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "ops": cmd_ops, "inspect": cmd_inspect,
-            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize, "serve": cmd_serve,
-            "chat": cmd_chat, "batch": cmd_batch}
+            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize, "export": cmd_export,
+            "serve": cmd_serve, "chat": cmd_chat, "batch": cmd_batch}

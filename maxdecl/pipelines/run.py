@@ -25,6 +25,10 @@ def run_cli(args) -> int:
     session, tok, note = load_model(args.spec, args.weights, args.variant)
     if note:
         print(note, flush=True)
+    if tok is None:
+        from ..errors import WeightsError
+        raise WeightsError(f"{args.weights}: no tokenizer in the weights or beside them "
+                           "(a `maxdecl quantize` checkpoint carries one)")
     ids = tok.encode(args.prompt, add_bos=True)
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
     out = sys.stdout
