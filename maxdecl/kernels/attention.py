@@ -168,7 +168,9 @@ def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offse
                 orow[e] += p * vr[e]
 
 
-_FEW_ROWS = 4  # up to this many query rows take the no-transpose path
+_FEW_ROWS = 16  # up to this many query rows take the in-place path: each row computed as
+                # a one-row decode step computes it, so a verify step of prompt lookup
+                # (up to 16 rows) gets exactly the numbers of plain decoding
 
 
 def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.ndarray:

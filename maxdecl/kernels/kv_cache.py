@@ -43,3 +43,14 @@ def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     out = buf[..., :t + s, :, :].view(KVCache)
     out.room = room
     return out
+
+
+def truncate_kv(cache: np.ndarray, length: int) -> np.ndarray:
+    """The first ``length`` positions of ``cache`` (axis -3): a rejected draft rolled
+    back. A KVCache view keeps its buffer, so the next step appends in place there."""
+    room = getattr(cache, "room", None)
+    out = cache[..., :length, :, :].view(KVCache)
+    if room is not None and room[1][0] == cache.shape[-3]:
+        room[1][0] = length
+        out.room = room
+    return out

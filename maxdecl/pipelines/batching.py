@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import MaxdeclError
 from ..kernels.config import GEMV_MAX_ROWS     # decode rows per step that keep solo numerics
+from ..kernels.kv_cache import truncate_kv
 from ..runtime import PerSequence
 
 ROW_INPUTS = ("tokens", "positions", "logit_rows")
@@ -40,8 +41,11 @@ class Request:
     max_new_tokens: int
     stop_ids: frozenset = frozenset()
     on_token: Callable | None = None
+    lookup: int = 0                  # prompt lookup: draft up to this many tokens (greedy only)
     ids: list = field(default_factory=list)
     finish_reason: str = ""
+    drafted: int = 0                 # draft tokens proposed by prompt lookup ...
+    accepted: int = 0                # ... and how many of them the model confirmed
     prefill_s: float = 0.0
     decode_s: float = 0.0
     _state: dict | None = None
@@ -75,6 +79,10 @@ class BatchRunner:
                                "the same name to feed them")
         self._state_out = {n: outs.index(n) for n in self._states}
         self._types = dict(zip(names, compiled.input_types))
+        # prompt lookup rolls a state back after a rejected draft: only states that grow
+        # along the sequence (KV caches, a symbolic dim at axis -3) can be rolled back
+        self.can_lookup = all(t.rank >= 3 and isinstance(t.shape[-3], str)
+                              for t in (self._types[n] for n in self._states))
         self._waiting: deque = deque()
         self._active: list = []
 
@@ -143,6 +151,8 @@ class BatchRunner:
     def _decode(self, batch: list) -> None:
         if not batch:
             return
+        if any(r.lookup for r in batch):
+            return self._decode_lookup(batch)
         t0 = time.perf_counter()
         states = {k: PerSequence(r._state[k] for r in batch) for k in self._states}
         logits, outs = self._call([r.ids[-1] for r in batch], [r._pos for r in batch],
@@ -153,6 +163,45 @@ class BatchRunner:
             r._pos += 1
             r.decode_s += dt
             self._take(r, logits[j])
+
+    def _decode_lookup(self, batch: list) -> None:
+        """One step where each sequence feeds its last id plus a draft of the ids that
+        followed the same n-gram earlier in its context; the model's greedy choice
+        for every row confirms the draft up to the first miss, so each step yields
+        1 + accepted ids, exactly the ids plain greedy decoding gives."""
+        if not self.can_lookup:
+            raise MaxdeclError(f"{self.compiled.name}: prompt lookup needs every state to "
+                               "grow along the sequence (KV caches) so a rejected draft "
+                               "can be rolled back")
+        room = GEMV_MAX_ROWS - len(batch)            # rows beyond one per sequence
+        drafts = []
+        for r in batch:
+            d = propose_draft(r.prompt + r.ids, min(r.lookup, max(room, 0)))
+            room -= len(d)
+            drafts.append(d)
+        t0 = time.perf_counter()
+        rows = [1 + len(d) for d in drafts]
+        tokens = [t for r, d in zip(batch, drafts) for t in [r.ids[-1], *d]]
+        positions = [r._pos + j for r, n in zip(batch, rows) for j in range(n)]
+        states = {k: PerSequence(r._state[k] for r in batch) for k in self._states}
+        logits, outs = self._call(tokens, positions, np.arange(sum(rows)), states, rows)
+        dt = (time.perf_counter() - t0) / len(batch)
+        start = 0
+        for j, (r, d) in enumerate(zip(batch, drafts)):
+            used = 0
+            for row in range(len(d) + 1):
+                used = row + 1
+                before = len(r.ids)
+                self._take(r, logits[start + row])
+                if r.done or row == len(d) or len(r.ids) == before or r.ids[-1] != d[row]:
+                    break
+                r.accepted += 1
+            r.drafted += len(d)
+            r._state = {k: truncate_kv(outs[i][j], r._state[k].shape[-3] + used)
+                        for k, i in self._state_out.items()}
+            r._pos += used
+            r.decode_s += dt
+            start += rows[j]
 
     @staticmethod
     def _take(r: Request, row) -> None:
@@ -169,3 +218,18 @@ class BatchRunner:
             r.finish_reason = "stop"
         elif len(r.ids) >= r.max_new_tokens:
             r.finish_reason = "length"
+
+
+def propose_draft(context: list, n: int, max_ngram: int = 3) -> list:
+    """Prompt lookup: the up to ``n`` ids that followed the latest earlier occurrence of
+    the context's last ``k``-gram (``k`` from ``max_ngram`` down to 1); [] if none."""
+    if n <= 0 or len(context) < 2:
+        return []
+    for k in range(min(max_ngram, len(context) - 1), 0, -1):
+        tail = context[-k:]
+        for start in range(len(context) - k - 1, -1, -1):
+            if context[start:start + k] == tail:
+                follow = context[start + k:start + k + n]
+                if follow:
+                    return list(follow)
+    return []

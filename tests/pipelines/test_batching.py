@@ -90,3 +90,25 @@ def test_bad_batches_are_clean_errors(compiled):
         compiled(*(feed[n] for n in names), rows=[3])
     with pytest.raises(md.GraphError, match="arrays for 2 sequences"):
         compiled(*(feed[n] for n in names), rows=[1, 1])
+
+
+def test_propose_draft_follows_the_latest_matching_ngram():
+    from maxdecl.pipelines.batching import propose_draft
+
+    assert propose_draft([1, 2, 3, 9, 1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    assert propose_draft([5, 6, 7], 3) == []
+    assert propose_draft([1, 2, 1], 2) == [2, 1]
+    assert propose_draft([1, 2, 1], 0) == []
+
+
+@pytest.mark.parametrize("lookup", [1, 3, 8])
+def test_prompt_lookup_gives_exactly_the_plain_greedy_ids(compiled, lookup):
+    rng = np.random.default_rng(1)
+    base = list(map(int, rng.integers(1, 250, 6)))
+    prompts = [base * 3, base[:4] * 4 + [9], [7, 8, 9]]       # repetitive: drafts get used
+    alone = [solo(compiled, p, 12) for p in prompts]
+    runner = BatchRunner(compiled, max_batch=3)
+    got = runner.run([Request(p, greedy, 12, lookup=lookup) for p in prompts])
+    assert [r.ids for r in got] == alone
+    assert sum(r.drafted for r in got) > 0
+    assert all(0 <= r.accepted <= r.drafted for r in got)
