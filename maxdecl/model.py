@@ -92,9 +92,8 @@ class Model:
         out, _ = session.step(ids, 0, session.initial_state(), all_logits=not last_only)
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def encode(self, prompt, max_new_tokens: int = 0, truncate: bool = False) -> list[int]:
-        """A checked prompt's ids (text gets BOS as the tokenizer adds it), fitted to the
-        context (``truncate``: keep the last tokens)."""
+    def encode(self, prompt) -> list[int]:
+        """A checked prompt's token ids (text gets BOS as the tokenizer adds it)."""
         prompt = checks.check_prompt(prompt, self.vocab)
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -103,7 +102,7 @@ class Model:
             prompt = self.tokenizer.encode(prompt, add_bos=True)
             if not prompt:
                 raise InputError("the prompt is empty (no tokens to start from)")
-        return checks.fit_context(prompt, max_new_tokens, self.context, truncate)
+        return prompt
 
     def generate(self, prompt, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None,
                  top_p=None, min_p=None, repeat_penalty: float = 1.0, stop=None, seed=0,
@@ -137,10 +136,12 @@ class Model:
                                          repeat_last_n, seed)
         max_new_tokens = checks.check_max_new_tokens(max_new_tokens)
         stop = checks.check_stop(stop)
+        truncate = checks.check_bool("truncate", truncate)
         if stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
         prompts, batch = checks.split_batch(prompt)
-        ids = [self.encode(p, max_new_tokens, truncate) for p in prompts]
+        ids = [checks.fit_context(self.encode(p), max_new_tokens, self.context, truncate)
+               for p in prompts]
         outs = self._generate_each(session, ids, max_new_tokens, sampling, stop, on_text,
                                    batch, on_prefill)
         return outs if batch else outs[0]

@@ -101,6 +101,13 @@ def check_sampling(temperature=0.0, top_k=None, top_p=None, min_p=None, repeat_p
     return out
 
 
+def check_bool(name: str, x) -> bool:
+    """``x`` as a bool (True/False only: ``"yes"`` or 1 are not flags)."""
+    if isinstance(x, bool) or type(x).__name__ == "bool_":
+        return bool(x)
+    raise InputError(f"{name} must be True or False, got {_got(x)}")
+
+
 def check_max_new_tokens(n) -> int:
     """``max_new_tokens``: an int in [0, MAX_NEW_TOKENS] (``bool``, 1.5, 2**70 rejected)."""
     return check_int("max_new_tokens", n, 0, MAX_NEW_TOKENS)
@@ -178,13 +185,19 @@ def check_prompt(prompt, vocab: int | None):
 
 def split_batch(prompt) -> tuple[list, bool]:
     """``(prompts, is_batch)``: a list of strs / of id lists is a batch, anything else one
-    prompt (checked later by ``check_prompt``)."""
-    if _is_sequence(prompt) and len(prompt) > 0 and all(
-            isinstance(p, str) or _is_sequence(p) for p in prompt):
-        return list(prompt), True
-    if _is_sequence(prompt) and len(prompt) == 0:
+    prompt (each checked later by ``check_prompt``)."""
+    if not _is_sequence(prompt):
+        return [prompt], False
+    if len(prompt) == 0:
         raise InputError("prompt is an empty list")
-    return [prompt], False
+    nested = [isinstance(p, str) or _is_sequence(p) for p in prompt]
+    if not any(nested):
+        return [prompt], False
+    if not all(nested):
+        k = nested.index(False)
+        raise InputError(f"a list of prompts holds strs or lists of token ids; item {k} is "
+                         f"{_got(prompt[k])}")
+    return list(prompt), True
 
 
 def _is_sequence(x) -> bool:

@@ -52,8 +52,8 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> in
     tok = model.tokenizer
     if tok is None:
         raise InputError("these weights carry no tokenizer: pass --tokenizer PATH")
-    full = model.encode(prompt, 0)
-    ids = model.encode(prompt, max_new, truncate)
+    full = model.encode(prompt)
+    ids = checks.fit_context(full, max_new, model.context, truncate)
     out = sys.stdout
     if len(ids) < len(full):
         print(f"maxdecl: the prompt keeps its last {len(ids)} of {len(full)} tokens "
