@@ -88,18 +88,26 @@ def _run_graph(model, inputs: dict, output) -> int:
     names = model.input_names
     unknown = sorted(set(inputs) - set(names))
     missing = [n for n in names if n not in inputs]
-    types = ", ".join(f"{v.name}: {v.dtype.name}{list(v.shape)}" for v in model.graph.inputs)
+    types = ", ".join(f"{v.name}: {v.dtype.name}[{', '.join(map(str, v.shape))}]"
+                      for v in model.graph.inputs)
     if unknown or missing:
         what = (f"unknown input(s) {', '.join(unknown)}" if unknown
                 else f"missing --input for {', '.join(missing)}")
         raise InputError(f"{what}; {model.spec.name} takes {types} (--input NAME=FILE.npy)")
     arrays = []
-    for name in names:
+    for v in model.graph.inputs:
         try:
-            arrays.append(np.load(inputs[name], allow_pickle=False))
+            arr = np.load(inputs[v.name], allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise InputError(f"--input {name}={inputs[name]}: cannot read a .npy array: "
+            raise InputError(f"--input {v.name}={inputs[v.name]}: cannot read a .npy array: "
                              f"{e}") from None
+        want = f"{v.dtype.name}[{', '.join(map(str, v.shape))}]"
+        fits = arr.ndim == len(v.shape) and all(isinstance(d, str) or d == n
+                                                for d, n in zip(v.shape, arr.shape))
+        if arr.dtype != v.dtype.numpy or not fits:
+            raise InputError(f"--input {v.name}={inputs[v.name]}: expected {want}, got "
+                             f"{arr.dtype.name}{list(arr.shape)}")
+        arrays.append(arr)
     outs = model(*arrays)
     for name, arr in zip(model.output_names, outs):
         arr = np.asarray(arr)
