@@ -16,8 +16,9 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     assert blocks, "the README has no python block"
     os.symlink(os.path.join(ROOT, "specs"), tmp_path / "specs")
     monkeypatch.chdir(tmp_path)
+    scope: dict = {}
     for code in blocks:
-        scope: dict = {}
         exec(compile(code, "README.md", "exec"), scope)
     assert (tmp_path / "mlp.safetensors").exists()
     assert scope["y"].shape == (2, 8)
+    assert scope["out"].finish_reason in ("stop", "length") and len(scope["outs"]) == 2

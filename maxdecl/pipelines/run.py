@@ -66,7 +66,9 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> in
         out.write(text)
         out.flush()
 
-    progress = _prefill_progress if len(ids) > 2 * 256 else None
+    from ..model import PREFILL_CHUNK
+
+    progress = _PrefillProgress() if len(ids) > 2 * PREFILL_CHUNK else None   # long prompts
     res = model.generate(ids, max_new, stop=stop, on_text=emit, on_prefill=progress,
                          **sampling)
     out.write("\n")
@@ -169,9 +171,21 @@ def _compile_notice() -> None:
           file=sys.stderr, flush=True)
 
 
-def _prefill_progress(done: int, total: int) -> None:
-    end = "\n" if done == total else ""
-    print(f"\rmaxdecl: prefill {done}/{total} tokens", end=end, file=sys.stderr, flush=True)
+class _PrefillProgress:
+    """``maxdecl: prefill 512/3019 tokens`` on stderr: one line rewritten in place on a
+    terminal, else a line per tenth of the prompt (logs stay short)."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self.shown = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        text = f"maxdecl: prefill {done}/{total} tokens"
+        if self.tty:
+            print("\r" + text, end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif done == total or done * 10 // total > self.shown:
+            self.shown = done * 10 // total
+            print(text, file=sys.stderr, flush=True)
 
 
 def _set_threads(n) -> None:

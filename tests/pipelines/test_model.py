@@ -129,6 +129,19 @@ def test_chunked_prefill_keeps_the_numerics(tiny):
     np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5)
 
 
+def test_chunked_prefill_with_a_sliding_window_keeps_the_numerics():
+    """Gemma 3 tiny: window 4 and chunks of 5 — windows cross every chunk boundary."""
+    spec = os.path.join(SPECS, "gemma3.yaml")
+    model = md.load_model(spec, md.random_weights(spec, "tiny", seed=2), variant="tiny")
+    ids = list(np.random.default_rng(4).integers(0, 512, 23))
+    whole, _ = model.session.prefill(ids)
+    chunked, state = model.session.prefill(ids, chunk=5)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5)
+    nxt = int(whole[-1].argmax())
+    a, _ = model.session.step([nxt], len(ids), state)
+    np.testing.assert_allclose(a[-1], model.logits(ids + [nxt])[-1], rtol=1e-4, atol=1e-4)
+
+
 def test_generate_with_progress_equals_without(tiny, monkeypatch):
     import maxdecl.model as model_module
 
