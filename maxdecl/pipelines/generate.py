@@ -30,7 +30,8 @@ class GenerateOutput:
     """One generation: ``ids`` (prompt excluded; a stop string's last token included),
     ``text`` (ending before any stop string), ``finish_reason`` ("stop": end-of-sequence
     or a stop string; "length": ``max_new_tokens`` reached), ``prompt_tokens`` and the
-    seconds spent in prefill and decode, numba compilation (``compile_s``) excluded."""
+    seconds spent in prefill and decode, numba's kernel compiling / cache loading
+    (``compile_s``) excluded."""
 
     ids: list
     text: str

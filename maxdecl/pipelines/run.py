@@ -6,9 +6,10 @@ once on ``--input NAME=FILE.npy`` arrays and prints each output (``--output`` sa
 them). stdout carries the note about random weights (first line), the text and the
 figures; stderr carries the weights/tokenizer in use, the compile notice and progress.
 
-Speeds exclude numba compilation: a listener on numba's compile event
-(``compile_timer.CompileTimer``) measures it and it is subtracted from the prefill and
-decode times; the last line says how long compiling took.
+Speeds exclude the time numba spends preparing kernels (compiling them on a cold
+cache, loading them from its cache otherwise): listeners on numba's events
+(``compile_timer.CompileTimer``) measure it and it is subtracted from the prefill and
+decode times; the last line says how long it took.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> in
     n = len(res.ids)
     decode = (f"{res.decode_tps:.1f} tokens/s" if n > 1
               else "no decode step (the first token comes from the prefill)")
-    built = (f"; kernels compiled in {compiling.seconds:.1f} s (not counted)"
-             if compiling.count else "")
+    built = (f"; kernels compiled in {compiling.seconds:.1f} s (not counted)" if compiling.count
+             else f"; kernels loaded in {compiling.seconds:.2f} s (not counted)"
+             if compiling.seconds >= 0.01 else "")
     print(f"[{res.prompt_tokens} prompt tokens: {res.prefill_tps:.1f} tokens/s; "
           f"{n} generated token{'' if n == 1 else 's'}: {decode}; "
           f"finish: {res.finish_reason}{built}]", flush=True)

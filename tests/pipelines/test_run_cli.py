@@ -153,8 +153,11 @@ def test_compile_timer_sees_real_compiles_only():
         assert twice(3) == 6
     assert ct.count == 1 and ct.seconds > 0 and notices == [1]
     with CompileTimer() as again:
-        assert twice(4) == 8
+        assert twice(4) == 8                        # machine code found: no lock, no time
     assert again.count == 0 and again.seconds == 0.0
+    with CompileTimer() as other:
+        assert twice(1.5) == 3.0                    # new argument types: a compile
+    assert other.count == 1 and other.seconds > 0
 
 
 def test_cold_cache_notice_and_speeds_without_compile(tmp_path):
@@ -171,3 +174,4 @@ def test_cold_cache_notice_and_speeds_without_compile(tmp_path):
                           timeout=900)
     assert warm.returncode == 0 and "compiling" not in warm.stderr
     assert "kernels compiled" not in warm.stdout
+    assert "kernels loaded in" in warm.stdout.splitlines()[-1]     # from the cache
