@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import InputError, WeightsError
 from .pipelines import params as checks
-from .pipelines.generate import GenerateOutput, Session, generate_ids
+from .pipelines.generate import GenerateOutput, Request, Session, generate_ids
 from .pipelines.sampling import Sampler
 
 __all__ = ["Model", "load_model", "generate", "GenerateOutput"]
@@ -131,7 +131,7 @@ class Model:
         Raises:
             InputError: a bad argument or a prompt that does not fit the context.
         """
-        session = self._lm()
+        self._lm()
         sampling = checks.check_sampling(temperature, top_k, top_p, min_p, repeat_penalty,
                                          repeat_last_n, seed)
         max_new_tokens = checks.check_max_new_tokens(max_new_tokens)
@@ -140,23 +140,21 @@ class Model:
         if stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
         prompts, batch = checks.split_batch(prompt)
-        ids = [checks.fit_context(self.encode(p), max_new_tokens, self.context, truncate)
-               for p in prompts]
-        outs = self._generate_each(session, ids, max_new_tokens, sampling, stop, on_text,
-                                   batch, on_prefill)
+        requests = [Request(checks.fit_context(self.encode(p), max_new_tokens, self.context,
+                                               truncate), max_new_tokens, sampling, stop)
+                    for p in prompts]
+        emit = on_text if batch or on_text is None else (lambda k, text: on_text(text))
+        outs = self._generate_each(requests, emit, on_prefill)
         return outs if batch else outs[0]
 
-    def _generate_each(self, session, ids, max_new_tokens, sampling, stop, on_text, batch,
-                       on_prefill) -> list[GenerateOutput]:
-        """One sequence after the other (a batched engine takes this method's place)."""
+    def _generate_each(self, requests, on_text=None, on_prefill=None) -> list[GenerateOutput]:
+        """The requests one after the other, ``on_text(index, text)`` (a batched engine
+        takes this method's place)."""
         outs = []
-        for k, prompt_ids in enumerate(ids):
-            emit = on_text
-            if batch and on_text is not None:
-                def emit(text, k=k):
-                    on_text(k, text)
-            outs.append(generate_ids(session, self.tokenizer, prompt_ids, max_new_tokens,
-                                     Sampler(**sampling), on_text=emit, stop=stop,
+        for k, r in enumerate(requests):
+            emit = None if on_text is None else (lambda text, k=k: on_text(k, text))
+            outs.append(generate_ids(self._lm(), self.tokenizer, r.ids, r.max_new_tokens,
+                                     Sampler(**r.sampling), on_text=emit, stop=r.stop,
                                      prefill_chunk=PREFILL_CHUNK if on_prefill else None,
                                      on_prefill=on_prefill))
         return outs

@@ -59,6 +59,17 @@ class GenerateOutput:
     decode_seconds = property(lambda self: self.decode_s)
 
 
+@dataclass(frozen=True)
+class Request:
+    """One sequence to generate: checked prompt ids, ``max_new_tokens``, the sampling
+    arguments (``params.check_sampling``'s dict) and stop strings."""
+
+    ids: list
+    max_new_tokens: int
+    sampling: dict
+    stop: tuple = ()
+
+
 class Session:
     """A language-model graph run step by step; ``run(*inputs)`` executes the graph."""
 
