@@ -14,6 +14,7 @@ decode times; the last line says how long it took.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import InputError
@@ -29,6 +30,9 @@ def run_cli(args) -> int:
     checks.check_int("ctx_size", args.ctx_size, 0)
     stop = checks.check_stop(args.stop or None)
     inputs = _parse_inputs(args.input or [])
+    for opt, path in (("--weights", args.weights), ("--tokenizer", args.tokenizer)):
+        if path is not None and not os.path.exists(path):
+            raise InputError(f"{opt} {path}: no such file or directory")
     prompt = None if inputs else _read_prompt(args)
 
     from ..model import load_model

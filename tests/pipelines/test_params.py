@@ -143,6 +143,9 @@ CLI_BAD = [
     (["-p", "a", "-f", "x.txt"], "not both"),
     (["-p", "x" * 200], "exceeds the context of 64 tokens"),
     (["--input", "x"], "expected NAME=FILE.npy"),
+    (["-m", "no/such.gguf"], "--weights no/such.gguf: no such file or directory"),
+    (["--tokenizer", "no/tok.json"], "--tokenizer no/tok.json: no such file or directory"),
+    (["-f", "no/prompt.txt"], "no/prompt.txt: No such file or directory"),
 ]
 
 
