@@ -194,6 +194,8 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     from .weights.random import program_weights
     from .weights.sources import default_weights
 
+    checks.check_spec_arg(spec)
+    checks.check_variant(variant)
     checks.check_weights_arg(weights)
     checks.check_tokenizer_arg(tokenizer)
     if not isinstance(spec, Spec):

@@ -20,6 +20,7 @@ ctx_size           None or 0 (the model's context), or an int in [1, the model's
 prompt             a str (valid Unicode: no lone surrogates) or a list of ints in [0, vocab);
                    a batch is a non-empty list of those; ``bytes`` and None are rejected
 stop               None, a non-empty str, or a list of at most MAX_STOP non-empty strs
+spec               a ``Spec`` or the path of an existing file; variant: None or a str
 weights            None, a path (str / os.PathLike) or a ``md.TensorDict``
 tokenizer          None, a path, or an object with ``encode`` and ``decode``
 =================  ===========================================================================
@@ -220,6 +221,27 @@ def fit_context(ids: list, max_new_tokens: int, context: int | None, truncate: b
     raise InputError(f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) "
                      f"exceeds the context of {context} tokens; shorten it or pass "
                      "truncate=True (--truncate) to keep its last tokens")
+
+
+def check_spec_arg(spec):
+    """``spec``: a ``Spec`` or the path of an existing file (returned as given)."""
+    from ..spec import Spec
+
+    if isinstance(spec, Spec):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InputError(f"spec must be a path or a md.load_spec() Spec, got "
+                         f"{type(spec).__name__}")
+    if not os.path.isfile(spec):
+        raise InputError(f"spec {os.fspath(spec)}: no such file")
+    return spec
+
+
+def check_variant(variant):
+    """``variant``: None or a str (whether the spec has it is the spec's check)."""
+    if variant is None or isinstance(variant, str):
+        return variant
+    raise InputError(f"variant must be a variant name (str), got {_got(variant)}")
 
 
 def check_weights_arg(weights):

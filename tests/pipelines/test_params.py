@@ -103,6 +103,12 @@ def test_bad_load_arguments(tiny):
         md.load_model(SPEC, tiny.weights, variant="tiny", tokenizer=object())
     with pytest.raises(md.InputError, match="weights must be"):
         md.generate(SPEC, 42, "Hi")
+    with pytest.raises(md.InputError, match="spec /no/such.yaml: no such file"):
+        md.load_model("/no/such.yaml")
+    with pytest.raises(md.InputError, match="spec must be a path or a md.load_spec"):
+        md.load_model(42)
+    with pytest.raises(md.InputError, match="variant must be a variant name"):
+        md.load_model(SPEC, variant=5)
     with pytest.raises(md.InputError, match="ctx_size must be an integer"):
         md.load_model(SPEC, tiny.weights, variant="tiny", ctx_size="big")
 
