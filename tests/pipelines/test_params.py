@@ -233,3 +233,27 @@ def test_fuzz_cli_arguments_clean_exit(tmp_path, monkeypatch, capsys):
             assert not out, (args, out)  # nothing echoed before the error
         codes.add(code)
     assert codes == {0, 2}
+
+
+def test_fuzz_load_model_arguments_clean_error_or_success(tiny, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)              # weights=None: the random-weights fallback
+    rng = random.Random(7)
+    spec = md.load_spec(SPEC)
+    good = {"spec": [SPEC, spec], "weights": [None, tiny.weights], "variant": ["tiny", None],
+            "tokenizer": [None, ByteTokenizer()], "ctx_size": [None, 0, 16]}
+    bad = {"spec": [None, 42, b"specs/x.yaml", "/no/such.yaml", str(tmp_path)],
+           "weights": [42, "/no/such.gguf", [1], b"x", str(tmp_path)],
+           "variant": ["nope", 5, ""],
+           "tokenizer": [object(), 3, "/no/tok.json"],
+           "ctx_size": [-1, 10**9, 1.5, "8"]}
+    ok = 0
+    for _ in range(60):
+        kw = {k: rng.choice(bad[k] if rng.random() < 0.25 else good[k]) for k in good}
+        try:
+            model = md.load_model(**kw)
+        except md.MaxdeclError as e:
+            assert str(e) and "\n" not in str(e), kw
+            continue
+        ok += 1
+        assert model.generate([1, 2], max_new_tokens=1).finish_reason in ("stop", "length")
+    assert ok >= 3, ok
