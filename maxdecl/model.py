@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import InputError, WeightsError
 from .pipelines import params as checks
-from .pipelines.generate import GenerateOutput, Request, Session, generate_ids
+from .pipelines.generate import GenerateOutput, GenerateRequest, Session, generate_ids
 from .pipelines.sampling import Sampler
 
 __all__ = ["Model", "load_model", "generate", "GenerateOutput"]
@@ -140,7 +140,7 @@ class Model:
         if stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
         prompts, batch = checks.split_batch(prompt)
-        requests = [Request(checks.fit_context(self.encode(p), max_new_tokens, self.context,
+        requests = [GenerateRequest(checks.fit_context(self.encode(p), max_new_tokens, self.context,
                                                truncate), max_new_tokens, sampling, stop)
                     for p in prompts]
         emit = on_text if batch or on_text is None else (lambda k, text: on_text(text))

@@ -60,7 +60,7 @@ class GenerateOutput:
 
 
 @dataclass(frozen=True)
-class Request:
+class GenerateRequest:
     """One sequence to generate: checked prompt ids, ``max_new_tokens``, the sampling
     arguments (``params.check_sampling``'s dict) and stop strings."""
 
