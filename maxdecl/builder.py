@@ -5,8 +5,8 @@ replays it on a ``Graph``: each step opens the nested ``g.layer(...)`` scopes of
 its layer path (so ``node.layer == "blk.3.attn_q"``) and ``g.origin(...)`` of the
 YAML node that declared it (so a ``GraphError`` names ``specs/x.yaml:41:7``).
 
-The one spec-level op, ``linear(x, w, bias?) = x @ w.T (+ bias)``, lowers to
-``qmatmul`` when ``w`` is quantized and to ``matmul(x, transpose(w))`` otherwise.
+Every op, ``linear`` included, is added through ``Graph.apply``: the graph runs the
+op's type rule, the same one ``maxdecl validate`` runs, so their messages agree.
 A weight the bound TensorDict lacks takes its spec ``absent:`` stand-in (an
 earlier weight's value, or a constant fill); without one it is reported missing.
 
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from .errors import WeightsError
 from .spec import Spec, load_spec
-from .spec.model import PConst, PInput, POp, PWeight, Program
+from .blocks import known as known_encodings
+from .spec.decls import PConst, PInput, POp, PWeight, Program
 
 __all__ = ["build", "check_weights", "describe_tree", "format_tree", "TreeRow"]
 
@@ -47,8 +48,8 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
         params: hyperparameter overrides (e.g. read from weights metadata).
 
     Returns:
-        A Graph; ``graph.output_names`` names its outputs, ``graph.bound_weights``
-        is ``weights``; pass them to ``graph.execute(..., weights=...)``.
+        A Graph; ``graph.output_names`` names its outputs. Run it with
+        ``md.compile(graph, weights)(*inputs)`` (or ``graph.execute(..., weights=...)``).
 
     Raises:
         SpecError: the spec is invalid. WeightsError: missing, unexpected or
@@ -99,14 +100,12 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
                             wvals[r.target] if r.kind == "weight" else r.target
                             for r in step.inputs]
                     with g.origin(where):
-                        outs = _apply(step.op, args, dict(step.attrs))
+                        outs = g.apply(step.op, args, dict(step.attrs))
                     for vid, v in zip(step.outputs, outs):
                         env[vid] = v
         finally:
             scopes.close()
     g.output([env[vid] for _, vid in prog.outputs], names=[name for name, _ in prog.outputs])
-    g.bound_weights = weights
-    g.program = prog
     return g
 
 
@@ -143,28 +142,6 @@ def _stand_in(g, w: PWeight, wvals: dict):
     fill = np.asarray(w.absent.target, np.float32)
     return g.constant(np.broadcast_to(fill.reshape(w.shape) if fill.ndim else fill, w.shape)
                       .copy())
-
-
-def _apply(op: str, args: list, attrs: dict) -> list:
-    from .ops import _registry
-
-    if op == "linear":
-        return [_linear(*args)]
-    return _registry.apply(op, args, **attrs)
-
-
-def _linear(x, w, bias=None):
-    """x @ w.T (+ bias): qmatmul on a quantized w, matmul(x, transpose(w)) on a float w."""
-    from .ops import _registry
-
-    if getattr(w, "is_quantized", False):
-        (y,) = _registry.apply("qmatmul", [x, w])
-    else:
-        (wt,) = _registry.apply("transpose", [w], perm=(1, 0))
-        (y,) = _registry.apply("matmul", [x, wt])
-    if bias is not None:
-        (y,) = _registry.apply("add", [y, bias])
-    return y
 
 
 class _Scopes:
@@ -274,8 +251,6 @@ def describe_tree(spec, variant: str | None = None, params: dict | None = None) 
         for r in describe_tree("specs/llama3.yaml", "tiny"):   # maxdecl.builder
             print("  " * r.depth + (r.path or "<model>"), r.params, r.bytes)
     """
-    from .spec.semantic import known_encodings
-
     spec, prog = _program(spec, variant, params)
     encs = known_encodings()
     rows = TreeRows([TreeRow("", 0)] + [TreeRow(p.path, p.depth + 1) for p in prog.layers])

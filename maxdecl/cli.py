@@ -1,4 +1,4 @@
-"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema.
+"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema | ops.
 
 Each subcommand imports only what it needs (``validate`` never imports numba).
 Errors print one line (``file:line:col: message`` or the layer path) and no
@@ -107,7 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--variant")
     g.add_argument("--dot", action="store_true", help="Graphviz dot of the built graph")
 
-    sub.add_parser("schema", help="print the spec JSON Schema")
+    sc = sub.add_parser("schema", help="print (or write) the spec JSON Schema, for editors")
+    sc.add_argument("-o", "--output", metavar="FILE",
+                    help="write the schema to FILE (e.g. .vscode/maxdecl.schema.json) instead "
+                         "of printing it")
+    sub.add_parser("ops", help="print the op reference (inputs, attributes, type rules)")
     return p
 
 
@@ -190,7 +194,24 @@ def cmd_validate(args) -> int:
 def cmd_schema(args) -> int:
     from .spec.schema import SCHEMA
 
-    print(json.dumps(SCHEMA, indent=2))
+    text = json.dumps(SCHEMA, indent=2) + "\n"
+    if args.output:
+        tmp = f"{args.output}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, args.output)
+        print(f"wrote {args.output}; point editors at it with the first line "
+              f"'# yaml-language-server: $schema=<path to {os.path.basename(args.output)}>'",
+              file=sys.stderr)
+    else:
+        print(text, end="")
+    return EXIT_OK
+
+
+def cmd_ops(args) -> int:
+    from .ops.reference import reference_markdown
+
+    print(reference_markdown(), end="")
     return EXIT_OK
 
 
@@ -248,5 +269,5 @@ def cmd_quantize(args) -> int:
     return quantize_cli(args)
 
 
-COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "inspect": cmd_inspect,
+COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "ops": cmd_ops, "inspect": cmd_inspect,
             "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize}

@@ -1,4 +1,10 @@
-"""Element types and tensor types; a dim is an ``int`` or a symbolic ``str``."""
+"""Element types and tensor types; a dim is an ``int`` or a symbolic ``str``.
+
+Plain Python (NumPy loads only when ``DType.numpy`` is first asked for), so the spec
+layer's type checker uses the same ``TensorType`` / ``QuantizedType`` as the graph.
+Both types answer what an op's type rule reads: ``dtype``, ``shape``, ``rank``,
+``is_quantized``, ``logical_shape``, ``encoding``.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,22 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
-import numpy as np
+from .blocks import block_size
+from .errors import GraphError
 
 Dim = Union[int, str]
+_FLOATS = frozenset({"float32", "float16", "bfloat16"})
+_INTS = frozenset({"int8", "uint8", "int32", "int64"})
+_NUMPY: dict = {}
+
+
+def _np():
+    np = _NUMPY.get("np")
+    if np is None:
+        import numpy as np
+
+        _NUMPY["np"] = np
+    return np
 
 
 class DType(enum.Enum):
@@ -24,22 +43,33 @@ class DType(enum.Enum):
     bool = "bool"
 
     @property
-    def numpy(self) -> np.dtype:
-        # NumPy has no bfloat16: its storage is little-endian uint16.
-        return np.dtype("uint16") if self is DType.bfloat16 else np.dtype(self.value)
+    def numpy(self):
+        """The NumPy dtype (bfloat16 is stored as little-endian uint16)."""
+        cached = _NUMPY.get(self)
+        if cached is None:
+            np = _np()
+            cached = _NUMPY[self] = np.dtype("uint16" if self is DType.bfloat16 else self.value)
+        return cached
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.float32, DType.float16, DType.bfloat16)
+        return self._value_ in _FLOATS
+
+    @property
+    def is_int(self) -> bool:
+        return self._value_ in _INTS
 
     @classmethod
     def from_numpy(cls, dtype) -> "DType":
-        """Map a NumPy dtype to a DType (raises ValueError for unsupported ones)."""
-        name = np.dtype(dtype).name
+        """Map a NumPy dtype to a DType (GraphError for unsupported ones)."""
+        try:
+            name = _np().dtype(dtype).name
+        except TypeError:
+            name = repr(dtype)
         try:
             return cls(name)
         except ValueError:
-            raise ValueError(f"unsupported dtype {name!r}; expected one of "
+            raise GraphError(f"unsupported dtype {name!r}; expected one of "
                              f"{', '.join(d.value for d in cls)}") from None
 
     @classmethod
@@ -50,7 +80,11 @@ class DType(enum.Enum):
         if isinstance(value, str):
             alias = {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
                      "i8": "int8", "u8": "uint8", "i32": "int32", "i64": "int64"}
-            return cls(alias.get(value, value))
+            try:
+                return cls(alias.get(value, value))
+            except ValueError:
+                raise GraphError(f"unknown dtype {value!r}; expected one of "
+                                 f"{', '.join(d.value for d in cls)}") from None
         return cls.from_numpy(value)
 
     def __repr__(self) -> str:
@@ -62,6 +96,25 @@ def format_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def check_dims(shape) -> tuple:
+    """``shape`` as a tuple of non-negative ints and non-empty strs (GraphError if not)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise GraphError(f"a shape must be a sequence of dims, got {shape!r}")
+    out = []
+    for d in shape:
+        if isinstance(d, str):
+            if not d.strip():
+                raise GraphError(f"symbolic dim {d!r} is empty")
+            out.append(d.strip())
+        elif isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise GraphError(f"dim {d!r} must be an int or a symbolic str")
+        elif int(d) < 0:
+            raise GraphError(f"dim {int(d)} must be non-negative")
+        else:
+            out.append(int(d))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class TensorType:
     """A tensor's dtype and shape; a ``str`` dim is symbolic (``"seq"``)."""
@@ -71,17 +124,48 @@ class TensorType:
 
     def __init__(self, dtype, shape):
         object.__setattr__(self, "dtype", DType.parse(dtype))
-        dims = tuple(shape)
-        for d in dims:
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer, str)):
-                raise TypeError(f"dim {d!r} must be an int or a symbolic str")
-            if not isinstance(d, str) and d < 0:
-                raise ValueError(f"dim {d} must be non-negative")
-        object.__setattr__(self, "shape", tuple(d if isinstance(d, str) else int(d) for d in dims))
+        object.__setattr__(self, "shape", check_dims(shape))
 
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
+    rank = property(lambda self: len(self.shape))
+    is_quantized = False
+    encoding = None
+    logical_shape = property(lambda self: self.shape)
+    type = property(lambda self: self)
 
     def __str__(self) -> str:
         return f"{self.dtype.value}{format_shape(self.shape)}"
+
+
+@dataclass(frozen=True)
+class QuantizedType:
+    """Type of a packed-block tensor: uint8 bytes that decode to ``logical_shape``."""
+
+    encoding: str
+    logical_shape: tuple
+
+    dtype = DType.uint8
+    is_quantized = True
+    type = property(lambda self: self)
+
+    @property
+    def shape(self) -> tuple:
+        be, bb = block_size(self.encoding)
+        *lead, k = self.logical_shape
+        last = k // be * bb if isinstance(k, int) else k
+        return (*lead, last)
+
+    @property
+    def rank(self) -> int:
+        return len(self.logical_shape)
+
+    def __str__(self) -> str:
+        return f"{self.encoding}{format_shape(self.logical_shape)}"
+
+
+def as_type(t):
+    """A TensorType/QuantizedType, or ``(dtype, shape)``; GraphError for anything else."""
+    if isinstance(t, (TensorType, QuantizedType)):
+        return t
+    if isinstance(t, (tuple, list)) and len(t) == 2 and not isinstance(t[1], (str, int)):
+        return TensorType(*t)
+    raise GraphError(f"expected a md.TensorType (or (dtype, shape)), got {t!r}")

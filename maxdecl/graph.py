@@ -7,7 +7,6 @@ mistake fails at build time with a ``GraphError`` naming the spec ``file:line:co
 
 from __future__ import annotations
 
-import contextvars
 import os
 import traceback
 from contextlib import contextmanager
@@ -15,40 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dtypes import DType, TensorType, format_shape
+from . import runtime
+from .dtypes import DType, QuantizedType, TensorType, as_type
 from .errors import GraphError, MaxdeclError
+from .ops import _registry
+from .runtime import describe_value  # noqa: F401  (re-exported)
 from .tensors import QuantizedTensor
 
-_CURRENT: contextvars.ContextVar["Graph | None"] = contextvars.ContextVar("maxdecl_graph",
-                                                                         default=None)
-
-
-@dataclass(frozen=True)
-class QuantizedType:
-    """Type of a packed-block tensor: uint8 bytes that decode to ``logical_shape``."""
-
-    encoding: str
-    logical_shape: tuple
-
-    @property
-    def dtype(self) -> DType:
-        return DType.uint8
-
-    @property
-    def shape(self) -> tuple:
-        from . import codecs
-
-        enc = codecs.get(self.encoding)
-        *lead, k = self.logical_shape
-        last = k // enc.block_elements * enc.block_bytes if isinstance(k, int) else k
-        return (*lead, last)
-
-    @property
-    def rank(self) -> int:
-        return len(self.logical_shape)
-
-    def __str__(self) -> str:
-        return f"{self.encoding}{format_shape(self.logical_shape)}"
+_CURRENT = _registry.CURRENT_GRAPH
+__all__ = ["Graph", "Value", "Node", "QuantizedType", "format_system_stack"]
 
 
 class Value:
@@ -59,6 +33,7 @@ class Value:
     """
 
     __slots__ = ("graph", "type", "node", "index", "name")
+    is_value = True     # how ops recognise a Value without importing this module
 
     def __init__(self, graph, type_, node=None, index=0, name=None):
         self.graph = graph
@@ -89,44 +64,34 @@ class Value:
 
     # Operator sugar, as torch/MAX users expect.
     def __add__(self, o):
-        from . import ops
-        return ops.add(self, o)
+        return self.graph.apply('add', [self, o], {})[0]
 
     def __radd__(self, o):
-        from . import ops
-        return ops.add(o, self)
+        return self.graph.apply('add', [o, self], {})[0]
 
     def __sub__(self, o):
-        from . import ops
-        return ops.sub(self, o)
+        return self.graph.apply('sub', [self, o], {})[0]
 
     def __rsub__(self, o):
-        from . import ops
-        return ops.sub(o, self)
+        return self.graph.apply('sub', [o, self], {})[0]
 
     def __mul__(self, o):
-        from . import ops
-        return ops.mul(self, o)
+        return self.graph.apply('mul', [self, o], {})[0]
 
     def __rmul__(self, o):
-        from . import ops
-        return ops.mul(o, self)
+        return self.graph.apply('mul', [o, self], {})[0]
 
     def __truediv__(self, o):
-        from . import ops
-        return ops.div(self, o)
+        return self.graph.apply('div', [self, o], {})[0]
 
     def __rtruediv__(self, o):
-        from . import ops
-        return ops.div(o, self)
+        return self.graph.apply('div', [o, self], {})[0]
 
     def __matmul__(self, o):
-        from . import ops
-        return ops.matmul(self, o)
+        return self.graph.apply('matmul', [self, o], {})[0]
 
     def __neg__(self):
-        from . import ops
-        return ops.neg(self)
+        return self.graph.apply('neg', [self], {})[0]
 
 
 @dataclass(eq=False)
@@ -144,17 +109,6 @@ class Node:
         """``file:line:col: layer: op`` prefix for messages."""
         parts = [p for p in (self.origin, self.layer or "<root>", self.op) if p]
         return ": ".join(parts)
-
-
-def describe_value(v) -> str:
-    """``float32[seq, 16]`` or ``q4_k[1024, 4096]`` for a Value or a runtime array."""
-    if isinstance(v, Value):
-        return str(v.type)
-    if isinstance(v, QuantizedTensor):
-        return f"{v.encoding}{format_shape(v.shape)}"
-    if isinstance(v, np.ndarray):
-        return f"{v.dtype.name}{format_shape(v.shape)}"
-    return type(v).__name__
 
 
 class Graph:
@@ -178,9 +132,13 @@ class Graph:
         self._layers: list[str] = []
         self._origin: str | None = None
         self._tokens: list = []
-        names = list(input_names) if input_names else [None] * len(input_types)
-        self.inputs = [Value(self, _as_type(t), None, i, n)
-                       for i, (t, n) in enumerate(zip(input_types, names))]
+        if isinstance(input_types, (str, bytes)) or not hasattr(input_types, "__iter__"):
+            raise GraphError(f"{name}: input_types must be a list of md.TensorType")
+        types = [as_type(t) for t in input_types]
+        names = list(input_names) if input_names else [None] * len(types)
+        if len(names) != len(types):
+            raise GraphError(f"{name}: {len(types)} input types but {len(names)} input names")
+        self.inputs = [Value(self, t, None, i, n) for i, (t, n) in enumerate(zip(types, names))]
 
     # -- scopes ------------------------------------------------------------------------
     def __enter__(self) -> "Graph":
@@ -238,7 +196,7 @@ class Graph:
         """
         if name in self.weights:
             raise GraphError(f"{self.current_layer() or '<root>'}: weight {name!r} declared twice")
-        t = _as_type(tensor_type)
+        t = as_type(tensor_type)
         if encoding is not None:
             attrs = {"name": name, "type": t, "encoding": str(encoding).lower()}
         else:
@@ -277,56 +235,58 @@ class Graph:
                              f"{len(self.output_names)} names")
 
     # -- the one place nodes are made -------------------------------------------------
-    def _add_node(self, op: str, inputs: list, attrs: dict) -> list[Value]:
-        from .ops import _registry
+    def apply(self, op: str, inputs: list, attrs: dict) -> list[Value]:
+        """Add a node ``op`` on ``inputs``: non-Values (arrays, Python scalars) become
+        constants of this graph (a Python scalar takes its float partner's dtype)."""
+        vals = [v if isinstance(v, Value) else self.constant(_as_const(v, inputs))
+                for v in inputs]
+        return self._add_node(op, vals, attrs)
 
+    def _add_node(self, op: str, inputs: list, attrs: dict) -> list[Value]:
         node = Node(op, list(inputs), [], dict(attrs), self.current_layer(), self._origin)
+        types = [getattr(v, "type", v) for v in node.inputs]
         try:
-            opdef = _registry.get(op)
             for v in node.inputs:
                 if not isinstance(v, Value):
                     raise TypeError(f"input {v!r} is not a graph value")
                 if v.graph is not self:
-                    raise ValueError(f"input {v} belongs to graph {v.graph.name!r}, not {self.name!r}")
-            if opdef.normalize is not None:
-                node.attrs = opdef.normalize(node.attrs)
-            out_types = opdef.infer(node.inputs, node.attrs)
+                    raise ValueError(f"input {v} belongs to graph {v.graph.name!r}, "
+                                     f"not {self.name!r}")
+            node.attrs, out_types = _registry.infer(_registry.get(op), types, node.attrs)
         except GraphError as e:
-            if node.layer and node.layer in str(e):
-                raise
             raise GraphError(f"{node.where()}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - every build failure becomes one GraphError
-            raise GraphError(_message(node, node.inputs, e)) from e
+        except Exception as e:  # noqa: BLE001 - every rule failure becomes one GraphError
+            raise GraphError(f"{_where(node)}: {_registry.type_error(op, types, e)}") from None
         node.outputs = [Value(self, t, node, i) for i, t in enumerate(out_types)]
         self.nodes.append(node)
         return node.outputs
 
     # -- execution ---------------------------------------------------------------------
     def execute(self, *inputs, weights=None) -> list[np.ndarray]:
-        """Run the graph on NumPy inputs; returns the outputs as NumPy arrays.
+        """Run the graph on NumPy inputs: ``md.compile(self, weights)(*inputs)``.
 
         ``weights`` (a TensorDict or mapping) binds the declared ``g.weight`` names.
+        Compile once with ``md.compile`` to run a graph many times.
         """
-        from .execute import run_graph
-
-        return run_graph(self, inputs, weights)
+        return runtime.compile(self, weights)(*inputs)
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self.inputs)} inputs, {len(self.nodes)} nodes)"
 
 
-def _as_type(t):
-    if isinstance(t, (TensorType, QuantizedType)):
-        return t
-    if isinstance(t, tuple) and len(t) == 2:
-        return TensorType(*t)
-    raise TypeError(f"expected a md.TensorType, got {t!r}")
+def _where(node: Node) -> str:
+    """``file:line:col: layer`` of a node (the op follows in the message)."""
+    return ": ".join(p for p in (node.origin, node.layer or "<root>") if p)
 
 
-def _message(node: Node, args, exc: BaseException) -> str:
-    ins = ", ".join(describe_value(a) for a in args) or "no inputs"
-    text = str(exc) or type(exc).__name__
-    return f"{node.where()}: {text} (inputs: {ins})"
+def _as_const(v, inputs):
+    """Python scalars take the dtype of their tensor partner (as in torch)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        partner = next((x for x in inputs if isinstance(x, Value)), None)
+        if partner is not None:
+            return np.asarray(v, dtype=partner.dtype.numpy)
+        return np.asarray(v, dtype=np.float32 if isinstance(v, float) else np.int64)
+    return v
 
 
 def format_system_stack(limit: int | None = None) -> str:

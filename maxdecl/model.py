@@ -18,6 +18,7 @@ from .errors import InputError, WeightsError
 from .pipelines import params as checks
 from .pipelines.generate import GenerateOutput, GenerateRequest, Session, generate_ids
 from .pipelines.sampling import Sampler
+from .runtime import compile as compile_graph
 
 __all__ = ["Model", "load_model", "generate", "GenerateOutput"]
 
@@ -43,8 +44,9 @@ class Model:
         self.tokenizer, self.note, self.source = tokenizer, note, source
         self.tokenizer_source = tokenizer_source
         self.context = context
-        # The one place the graph runs (md.compile(graph, weights) replaces it).
-        self._run = lambda *inputs: graph.execute(*inputs, weights=weights)
+        # The one place the graph runs: planned, checked and bound once.
+        self.compiled = compile_graph(graph, weights)
+        self._run = self.compiled
         names = {v.name for v in graph.inputs}
         self.session = Session(graph, self._run) if {"tokens", "positions"} <= names else None
         vocab = self.params.get("vocab")

@@ -48,7 +48,7 @@ def test_mlp_runs_end_to_end_against_numpy():
     want = h @ td["fc2.weight"].T + td["fc2.bias"]
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     assert g.output_names == ["y"] and [v.name for v in g.inputs] == ["x"]
-    assert g.bound_weights is td
+    assert md.compile(g, td)(x)[0].tobytes() == y.tobytes()
 
 
 def test_node_layers_and_origins_follow_the_yaml():
@@ -59,7 +59,7 @@ def test_node_layers_and_origins_follow_the_yaml():
     relu = next(n for n in g.nodes if n.op == "relu")
     file, line, col = relu.origin.rsplit(":", 2)
     assert file == str(SPECS / "mlp.yaml")
-    assert text[int(line) - 1][int(col) - 1:].startswith("{op: relu")
+    assert text[int(line) - 1][int(col) - 1:].startswith("relu")
     w = g.weights["fc2.weight"].node
     assert w.layer == "fc2" and text[int(w.origin.rsplit(":", 2)[1]) - 1].strip() \
         .startswith("weight: [d_out, hidden]")
@@ -80,7 +80,7 @@ def test_llama3_tiny_layer_paths_equal_gguf_prefixes():
     assert by_op["rope"] == {"blk.0.attn_q", "blk.0.attn_k", "blk.1.attn_q", "blk.1.attn_k"}
     assert by_op["attention"] == {"blk.0.attn", "blk.1.attn"}
     assert "blk.0" in by_op["add"]                      # anonymous residual adds
-    assert "output" in by_op["matmul"]
+    assert "output" in by_op["linear"]                 # linear is one op (qmatmul or matmul inside)
 
 
 @pytest.mark.parametrize("name", ["llama3", "replit", "tinystories", "gemma3"])
@@ -150,13 +150,19 @@ def test_graph_error_names_spec_position_and_layer(tmp_path):
     text = (SPECS / "mlp.yaml").read_text().replace("weight: [d_out, hidden]",
                                                     "weight: [d_out, d_in]")
     bad.write_text(text)
-    assert md.validate_spec(bad) == []          # a shape rule is the op's, at build time
-    with pytest.raises(md.GraphError) as err:
+    (problem,) = md.validate_spec(bad)          # validate runs the op's type rule ...
+    with pytest.raises(md.SpecError) as err:    # md.build checks the spec first
         md.build(bad)
     msg = str(err.value)
     line = next(k for k, s in enumerate(text.splitlines(), 1) if s.strip() == "- name: fc2")
-    assert f"{bad}:{line}:5: fc2: matmul" in msg
-    assert "K must match" in msg
+    assert f"{bad}:{line + 4}:9: fc2: linear: x float32[batch, 32] @ weight[8, 16].T: " \
+           "32 != 16" in msg
+    assert msg == f"{bad}:{problem.line}:{problem.col}: {problem.message}"  # the same text
+    g = md.Graph("mlp", [md.TensorType("float32", ("batch", 32))])   # the graph's own check
+    with g.layer("fc2"), pytest.raises(md.GraphError) as err:
+        md.ops.linear(g.inputs[0], g.weight("fc2.weight", ("float32", (8, 16))),
+                      g.weight("fc2.bias", ("float32", (8,))))
+    assert str(err.value) == problem.message
 
 
 def test_weights_are_checked_up_front_with_one_error():
@@ -186,7 +192,8 @@ def test_encodings_come_from_bound_weights_or_spec_rules():
         pytest.skip(f"qmatmul not available yet: {e}")
     enc = {n.attrs["name"]: n.attrs["encoding"] for n in g.nodes if n.op == "weight"}
     assert enc["blk.0.attn_q.weight"] == "q8_0" and enc["blk.1.attn_q.weight"] is None
-    assert any(n.op == "qmatmul" and n.layer == "blk.0.attn_q" for n in g.nodes)
+    linear = next(n for n in g.nodes if n.op == "linear" and n.layer == "blk.0.attn_q")
+    assert linear.inputs[1].encoding == "q8_0"
 
 
 def test_params_override_and_describe_tree():

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..blocks import FLOAT_STORAGE, GGML_BLOCKS
 from ..errors import QuantizationError
 
 __all__ = ["QuantizationEncoding", "register", "get", "names", "unregister",
@@ -64,6 +65,11 @@ def register(encoding: QuantizationEncoding) -> QuantizationEncoding:
         raise QuantizationError(f"encoding {key!r} is already registered")
     if int(encoding.block_elements) <= 0 or int(encoding.block_bytes) <= 0:
         raise QuantizationError(f"encoding {key!r}: block_elements and block_bytes must be positive")
+    sizes = (int(encoding.block_elements), int(encoding.block_bytes))
+    if key in {**FLOAT_STORAGE, **GGML_BLOCKS} and sizes != GGML_BLOCKS.get(key):
+        raise QuantizationError(f"encoding {key!r}: blocks of {sizes} differ from GGML's "
+                                f"{GGML_BLOCKS.get(key, 'unquantized storage')} "
+                                "(maxdecl.blocks, the one table of block sizes)")
     _REGISTRY[key] = encoding
     return encoding
 

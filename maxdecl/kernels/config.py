@@ -7,3 +7,7 @@ match GGML's C reference byte for byte use ``EXACT`` (no contraction, no reassoc
 FASTMATH = {"contract", "reassoc", "nsz", "arcp"}  # float reassociation for vectorised dots
 EXACT = False                                        # bit-exact codecs: plain IEEE arithmetic
 CACHE = True                                         # on-disk cache of compiled kernels
+# Up to this many rows of x, quantized matmuls run the GEMV row dots (each weight row read
+# once, every row dotted by the one-row kernel's code: bit-identical to one row alone, so
+# sequences decoded in a batch get exactly their solo logits); more rows run the GEMM.
+GEMV_MAX_ROWS = 16

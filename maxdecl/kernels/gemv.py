@@ -456,3 +456,69 @@ def _gemv_bf16(x, w, out):
         for i in range(k):
             s += _bf16(w[r, i]) * x[i]
         out[r] = s
+
+
+# -- a few rows at once (batched decode): x (M, K) f32, w (N, ...) u8 -> out (M, N) f32 ----
+# Each weight row is read from memory once and dotted with every row of x by the same
+# row-dot intrinsic the one-row GEMV uses, so each output equals that row's GEMV output
+# bit for bit: a sequence decoded in a batch gets exactly the logits it gets alone.
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemvm_q5_0(x, w, out):
+    nb = x.shape[1] // 32
+    for r in numba.prange(w.shape[0]):
+        for m in range(x.shape[0]):
+            out[m, r] = _dot_q5_0(w, r, x[m], nb, _Q5_OFFSETS)
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemvm_q8_0(x, w, out):
+    nb = x.shape[1] // 32
+    for r in numba.prange(w.shape[0]):
+        for m in range(x.shape[0]):
+            out[m, r] = _dot_q8_0(w, r, x[m], nb, _NO_TABLE)
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemvm_q4_0(x, w, out):
+    nb = x.shape[1] // 32
+    for r in numba.prange(w.shape[0]):
+        for m in range(x.shape[0]):
+            out[m, r] = _dot_q4_0(w, r, x[m], nb, _NO_TABLE)
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH)
+def _block_sums_rows(x, n):
+    # x: (M, K) f32 -> (M, K // n) f32: _block_sums of each row
+    out = np.empty((x.shape[0], x.shape[1] // n), np.float32)
+    for m in range(x.shape[0]):
+        out[m] = _block_sums(x[m], n)
+    return out
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemvm_q4_k(x, w, out):
+    nb = x.shape[1] // 256
+    xs = _block_sums_rows(x, 32)
+    for r in numba.prange(w.shape[0]):
+        for m in range(x.shape[0]):
+            out[m, r] = _dot_q4_k(w, r, x[m], nb, xs[m])
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemvm_q6_k(x, w, out):
+    nb = x.shape[1] // 256
+    for r in numba.prange(w.shape[0]):
+        for m in range(x.shape[0]):
+            out[m, r] = _dot_q6_k(w, r, x[m], nb, x[m])
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _gemvm_bf16(x, w, out):
+    # w: (N, K) uint16 view
+    k = x.shape[1]
+    for r in numba.prange(w.shape[0]):
+        for m in range(x.shape[0]):
+            s = np.float32(0)
+            for i in range(k):
+                s += _bf16(w[r, i]) * x[m, i]
+            out[m, r] = s

@@ -70,3 +70,17 @@ def rms_norm(x, weight, eps) -> np.ndarray:
     if rows.size:
         pick(_rms_norm, rows.size)(rows, w, np.float32(eps), out)
     return out.reshape(x.shape)
+
+
+def _layer_norm_run(args, attrs):
+    x = args[0]
+    beta = args[2] if len(args) > 2 else None
+    return [layer_norm(x, args[1], beta, attrs["epsilon"]).astype(x.dtype, copy=False)]
+
+
+def _rms_norm_run(args, attrs):
+    x = args[0]
+    return [rms_norm(x, args[1], attrs["epsilon"]).astype(x.dtype, copy=False)]
+
+
+RUN = {"layer_norm": _layer_norm_run, "rms_norm": _rms_norm_run}  # ops/norm.py

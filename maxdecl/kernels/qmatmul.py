@@ -32,10 +32,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..blocks import GGML_BLOCKS
 from .block_rows import KINDS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
-from .config import CACHE, FASTMATH
+from .config import CACHE, FASTMATH, GEMV_MAX_ROWS
 from .gemv import (_FM, _IR_I64, _V8F, _gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0,
-                   _gemv_q6_k, _gemv_q8_0, _ir_const, _ir_splat)
+                   _gemv_q6_k, _gemv_q8_0, _gemvm_bf16, _gemvm_q4_0, _gemvm_q4_k, _gemvm_q5_0,
+                   _gemvm_q6_k, _gemvm_q8_0, _ir_const, _ir_splat)
 
 TILE_BYTES = 2 << 20  # float32 bytes of one decoded tile in the fallback path
 
@@ -151,9 +153,11 @@ def pack_panels(x2: np.ndarray) -> np.ndarray:
 # -- Python wrappers -----------------------------------------------------------------
 _GEMV = {"q4_0": _gemv_q4_0, "q5_0": _gemv_q5_0, "q8_0": _gemv_q8_0,
          "q4_k": _gemv_q4_k, "q6_k": _gemv_q6_k, "bf16": _gemv_bf16}
+_GEMV_ROWS = {"q4_0": _gemvm_q4_0, "q5_0": _gemvm_q5_0, "q8_0": _gemvm_q8_0,
+              "q4_k": _gemvm_q4_k, "q6_k": _gemvm_q6_k, "bf16": _gemvm_bf16}
+
 # (block_elements, block_bytes) each kernel assumes, as GGML defines them
-LAYOUTS = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
-           "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2)}
+LAYOUTS = GGML_BLOCKS   # name -> (block_elements, block_bytes), defined once
 
 
 def has_kernel(encoding: str, block_elements: int, block_bytes: int) -> bool:
@@ -195,5 +199,8 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
         _GEMV[encoding](x2[0], w.view(np.uint16) if encoding == "bf16" else w, out[0])
         return out
     out = np.empty((x2.shape[0], n), np.float32)
+    if x2.shape[0] <= GEMV_MAX_ROWS:
+        _GEMV_ROWS[encoding](x2, w.view(np.uint16) if encoding == "bf16" else w, out)
+        return out
     _gemm(KINDS[encoding], pack_panels(x2), x2.shape[0], w, out, numba.get_num_threads())
     return out

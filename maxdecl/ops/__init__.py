@@ -1,31 +1,35 @@
 """Ops: ``md.ops.<name>(...)`` adds a node; the same names are the YAML op types.
 
+Every op is defined once (``_registry.define``): inputs, attributes with defaults,
+outputs, doc, and a type rule over ``md.TensorType`` that the spec checker, the
+builder and the graph all run; its runtime lives in ``maxdecl.kernels`` and loads
+when a graph is compiled. This package imports neither NumPy nor numba.
+
 Shared rules, written once here:
 
 * **Broadcasting**: binary elementwise ops broadcast as NumPy does; a symbolic dim
   matches itself or 1 (and an int, checked at run time).
+* **Symbolic dims** are polynomials of the declared names (``past+seq``, ``4*seq``):
+  two dims over the same names must be the same polynomial (see ``maxdecl.dims``).
 * **Dtypes**: no implicit promotion between tensors: inputs of an op share one
   dtype (cast explicitly). A Python scalar takes the dtype of its tensor partner.
 * **Quantized values** (uint8 packed blocks with ``.encoding``) are accepted only
-  by ``qmatmul`` and ``embedding``.
-* **Errors** at build time name the layer path, op and input types (``GraphError``).
-
-Every op lives in one family module and registers an ``OpDef`` (shape/dtype rule +
-runtime function) in ``_registry.REGISTRY``; kernels are imported inside ``run``.
+  by ``qmatmul``, ``linear`` and ``embedding``.
+* **Errors** name the layer path, op and input types (``GraphError``, or a spec
+  problem at the op's ``file:line:col``: the same text).
 """
 
 from . import leaves  # noqa: F401  (constant, weight, quantize)
-from ._registry import REGISTRY, get, register
+from ._registry import REGISTRY, define, get
 from .elementwise import (abs, add, cast, div, exp, gelu, gelu_tanh, log, maximum,  # noqa: A004
                           minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt, sub, tanh)
-from .linalg import matmul
+from .linalg import linear, matmul, qmatmul
 from .reduction import *  # noqa: F403
 from .shape import *  # noqa: F403
 from .norm import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .pool import *  # noqa: F403
 from .transformer import *  # noqa: F403
-from .quantized import *  # noqa: F403
 from .custom import *  # noqa: F403
 from .reduction import softmax
 from .shape import reshape, transpose

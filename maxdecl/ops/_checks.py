@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from .. import dims as symbolic
 from ..dtypes import DType, format_shape
 
 
@@ -20,8 +21,8 @@ def broadcast_shapes(*shapes) -> tuple:
                 continue
             if picked == 1:
                 picked = d
-            elif isinstance(d, str) or isinstance(picked, str):
-                # an int against a symbol: the symbol must take that value at run time
+            elif not symbolic.differ(d, picked):
+                # a symbol against an int or another symbol: they must match at run time
                 picked = d if isinstance(picked, str) else picked
             else:
                 raise ValueError("shapes " + " and ".join(format_shape(s) for s in shapes)
@@ -57,17 +58,8 @@ def valid_axis(axis: int, rank: int) -> int:
     return axis % max(rank, 1)
 
 
-def dims_equal(a, b) -> bool:
-    """True if two dims may be equal (symbols are trusted to match at run time)."""
-    return a == b or isinstance(a, str) or isinstance(b, str)
-
-
-def add_dims(*dims):
-    """Sum of dims: an int when all are ints, else a derived symbol (``"past+seq"``)."""
-    if all(isinstance(d, int) for d in dims):
-        return sum(dims)
-    parts = [str(d) for d in dims if d != 0]
-    return "+".join(parts) if len(parts) > 1 else parts[0]
+dims_equal = symbolic.may_equal     # False only when two dims can never be equal
+add_dims = symbolic.add             # "past" + "seq" -> "past+seq"
 
 
 def no_bfloat16(*values) -> None:

@@ -1,66 +1,113 @@
-"""The op registry: a plain dict from op name to OpDef.
+"""The op registry: one ``OpDef`` per op, the single source every layer reads.
 
-An OpDef pairs a shape/dtype rule (``infer``, run when a node is added) with a
-runtime function (``run``, called by ``Graph.execute``). ``normalize`` (optional)
-canonicalises attributes (``stride=2`` -> ``(2, 2)``) once, at build time, so YAML
-and Python callers get identical nodes.
+An ``OpDef`` holds an op's name, inputs (required / optional / variadic), attributes
+with defaults, number of outputs, a doc line, its attribute canonicalisation
+(``normalize``), its **type rule** and where its runtime lives:
+
+* ``rule(types, attrs) -> list[type]``: dtypes and symbolic shapes in, out, or a
+  ``ValueError``/``TypeError`` whose text is the one-line reason. Rules are plain
+  Python over ``md.TensorType`` / ``QuantizedType`` (no NumPy, no numba), so the
+  spec layer (``maxdecl validate``), ``md.ops.<name>()``, the builder and the graph
+  all run the same rule and print the same message.
+* ``run``: the name of a module in ``maxdecl.kernels`` whose ``RUN`` table maps the
+  op name to its runtime function (imported when a graph is compiled, never when a
+  spec is checked), or a callable for user ops;
+  ``function(args: list[ndarray | QuantizedTensor], attrs) -> list[ndarray]``.
+
+Nothing here imports NumPy or the graph: ``apply`` finds the graph through its
+input values (or the current graph set by ``with graph:``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import difflib
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable
 
 from ..errors import GraphError
-from ..signatures import REQUIRED, SIGNATURES, OpSig
+
+REQUIRED = object()  # marks an attribute without a default
+
+CURRENT_GRAPH: contextvars.ContextVar = contextvars.ContextVar("maxdecl_graph", default=None)
 
 
 @dataclass(frozen=True)
 class OpDef:
-    """An op: ``infer(inputs: list[Value], attrs) -> list[type]`` and
-    ``run(args: list[ndarray | QuantizedTensor], attrs) -> list[ndarray]``."""
+    """One op, defined once (see the module docstring)."""
 
     name: str
-    infer: Callable
-    run: Callable
+    rule: Callable
+    run: "str | Callable"
+    inputs: tuple = ("x",)
+    optional: tuple = ()
+    variadic: bool = False
+    attrs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    outputs: "int | Callable" = 1          # or outputs(n_inputs, attrs) -> int
+    doc: str = ""
     normalize: Callable | None = None
     kind: str = ""
+    rule_doc: str = ""                     # the type rule in words, for the op reference
+    dim_attrs: tuple = ()                  # attributes that hold dims (a reshape's shape)
+    outputs_doc: str = ""                  # in words, when ``outputs`` is a function
+    # Ops that mix positions along the sequence axis (attention) run once per sequence
+    # when several sequences are batched: their row inputs are cut along
+    # ``sequence_axis`` and each sequence brings its own ``state`` input (input name ->
+    # the output index of the updated state). Every other op is row-wise.
+    sequence_axis: int | None = None
+    state: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def arity(self) -> tuple[int, int | None]:
+        """(min, max) number of inputs; max None for variadic ops."""
+        if self.variadic:
+            return (1, None)
+        return (len(self.inputs), len(self.inputs) + len(self.optional))
+
+    def n_outputs(self, n_inputs: int, attrs: dict) -> int | None:
+        """How many outputs a node with ``n_inputs`` inputs and ``attrs`` has (None: unknown)."""
+        if callable(self.outputs):
+            try:
+                return self.outputs(n_inputs, attrs)
+            except (TypeError, ValueError):
+                return None
+        return self.outputs
+
+    def runner(self) -> Callable:
+        """The runtime function, imported on first use."""
+        fn = _RUNNERS.get(self.name)
+        if fn is None:
+            if callable(self.run):
+                fn = self.run
+            else:
+                fn = importlib.import_module(f"maxdecl.kernels.{self.run}").RUN[self.name]
+            _RUNNERS[self.name] = fn
+        return fn
 
 
 REGISTRY: dict[str, OpDef] = {}
-_KERNELS: dict = {}
+_RUNNERS: dict[str, Callable] = {}
 
 
-def kernels(name: str):
-    """The module ``maxdecl.kernels.<name>``, imported on first use (numba loads then,
-    never when a spec is parsed or a graph built); later calls are one dict lookup
-    where a function-level import statement cost ~1 us per op call."""
-    mod = _KERNELS.get(name)
-    if mod is None:
-        import importlib
-
-        mod = _KERNELS[name] = importlib.import_module(f"maxdecl.kernels.{name}")
-    return mod
-
-
-def register(name: str, *, infer, run, normalize=None, kind: str = "",
-             signature: OpSig | None = None) -> OpDef:
-    """Register op ``name``; its signature must exist in ``maxdecl.signatures``
-    (or be given, for ops defined outside the package)."""
+def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,
+           outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=(),
+           outputs_doc="", sequence_axis=None, state=None) -> OpDef:
+    """Define and register op ``name``; a name is defined once."""
     if name in REGISTRY:
         raise GraphError(f"op {name!r} is already registered")
-    if signature is not None:
-        from ..signatures import register_signature
-        register_signature(name, signature)
-    elif name not in SIGNATURES and name not in _LEAVES:
-        raise GraphError(f"op {name!r} has no signature in maxdecl.signatures")
-    opdef = OpDef(name, infer, run, normalize, kind)
+    opdef = OpDef(name, rule, run, tuple(inputs), tuple(optional), variadic,
+                  MappingProxyType(dict(attrs or {})), outputs, doc, normalize, kind, rule_doc,
+                  tuple(dim_attrs), outputs_doc, sequence_axis,
+                  MappingProxyType(dict(state or {})))
     REGISTRY[name] = opdef
     return opdef
 
 
-_LEAVES = {"constant", "weight", "quantize", "custom"}
+def undefine(name: str) -> None:
+    """Remove op ``name`` (user ops only; see ``md.ops.unregister_custom``)."""
+    REGISTRY.pop(name, None)
+    _RUNNERS.pop(name, None)
 
 
 def get(name: str) -> OpDef:
@@ -71,24 +118,32 @@ def get(name: str) -> OpDef:
         _load_entry_points()
         if name in REGISTRY:
             return REGISTRY[name]
-        close = difflib.get_close_matches(name, list(REGISTRY), n=3)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise GraphError(f"unknown op {name!r}{hint}") from None
+        raise GraphError(f"unknown op {name!r}{hint(name, spec_ops())}") from None
 
 
-def with_defaults(name: str, attrs: dict) -> dict:
-    """Fill missing attributes from the op's signature; reject unknown/missing ones."""
-    sig = SIGNATURES.get(name)
-    if sig is None:
-        return dict(attrs)
-    unknown = [k for k in attrs if k not in sig.attrs]
+def spec_ops() -> list[str]:
+    """Op names a spec may use (leaf nodes such as ``constant`` are the graph's own)."""
+    return sorted(n for n, d in REGISTRY.items() if d.kind != "leaf")
+
+
+def hint(word, choices) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def with_defaults(opdef: OpDef, attrs: dict) -> dict:
+    """``attrs`` with the op's defaults filled in; ValueError for unknown/missing ones."""
+    unknown = [k for k in attrs if k not in opdef.attrs]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(sig.attrs), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        known = ", ".join(sig.attrs) or "none"
-        raise ValueError(f"unknown attribute {unknown[0]!r} (known: {known}){hint}")
+        known = ", ".join(opdef.attrs) or "none"
+        extra = ""
+        if unknown[0] in (*opdef.inputs, *opdef.optional):
+            extra = f" ({unknown[0]!r} is an input of {opdef.name}: pass it in `in:`)"
+        raise ValueError(f"unknown attribute {unknown[0]!r} (known: {known})"
+                         f"{hint(unknown[0], opdef.attrs)}{extra}")
     out = {}
-    for k, default in sig.attrs.items():
+    for k, default in opdef.attrs.items():
         if k in attrs:
             out[k] = attrs[k]
         elif default is REQUIRED:
@@ -96,6 +151,42 @@ def with_defaults(name: str, attrs: dict) -> dict:
         else:
             out[k] = default
     return out
+
+
+def infer(opdef: OpDef, types: list, attrs: dict) -> tuple[dict, list]:
+    """Check a node's arity, attributes and input types by the op's definition.
+
+    Returns ``(normalized attrs, output types)``; raises ValueError/TypeError with the
+    reason (``type_error`` formats it the same way for the spec checker and the graph).
+    """
+    lo, hi = opdef.arity()
+    if len(types) < lo or (hi is not None and len(types) > hi):
+        names = list(opdef.inputs) + [f"{n}?" for n in opdef.optional]
+        want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"{lo}+"
+        raise ValueError(f"takes {want} input{'s' if hi != 1 else ''} ({', '.join(names)}), "
+                         f"got {len(types)}")
+    attrs = with_defaults(opdef, attrs)
+    if opdef.normalize is not None:
+        attrs = opdef.normalize(attrs)
+    outs = list(opdef.rule(list(types), attrs))
+    return attrs, outs
+
+
+def type_error(op: str, types, exc: BaseException) -> str:
+    """``op: reason (inputs: float32[seq, 64], q8_0[64, 64])``: one line for any rule failure."""
+    text = str(exc) or type(exc).__name__
+    ins = ", ".join(str(t) for t in types) or "no inputs"
+    return f"{op}: {text} (inputs: {ins})"
+
+
+def apply(name: str, inputs, **attrs) -> list:
+    """Add a node ``name`` to the graph of ``inputs`` (or the current graph); returns
+    its output Values. Non-Value inputs (arrays, scalars) become constants."""
+    graph = next((v.graph for v in inputs if getattr(v, "is_value", False)), None) \
+        or CURRENT_GRAPH.get()
+    if graph is None:
+        raise GraphError(f"{name}: no graph: pass a graph Value or use `with graph:`")
+    return graph.apply(name, list(inputs), attrs)
 
 
 _ENTRY_POINTS_LOADED = False
@@ -111,42 +202,3 @@ def _load_entry_points() -> None:
 
     for ep in entry_points(group="maxdecl.ops"):
         ep.load()
-
-
-def apply(name: str, inputs, **attrs):
-    """Add a node ``name`` to the graph of ``inputs`` (or the current graph).
-
-    Non-Value inputs (arrays, scalars) become constants of that graph. Returns the
-    list of output Values.
-    """
-    from ..graph import Graph, Value
-
-    graph = next((v.graph for v in inputs if isinstance(v, Value)), None) or Graph.current()
-    if graph is None:
-        raise GraphError(f"{name}: no graph: pass a graph Value or use `with graph:`")
-    vals = [v if isinstance(v, Value) else graph.constant(_as_const(v, inputs)) for v in inputs]
-    attrs = with_defaults_or_error(graph, name, attrs)
-    return graph._add_node(name, vals, attrs)
-
-
-def with_defaults_or_error(graph, name, attrs):
-    try:
-        return with_defaults(name, attrs)
-    except ValueError as e:
-        layer = graph.current_layer() or "<root>"
-        where = f"{graph._origin}: " if graph._origin else ""
-        raise GraphError(f"{where}{layer}: {name}: {e}") from None
-
-
-def _as_const(v, inputs):
-    """Python scalars take the float dtype of their float partner (as in torch)."""
-    import numpy as np
-
-    from ..graph import Value
-
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        partner = next((x for x in inputs if isinstance(x, Value)), None)
-        if partner is not None:
-            return np.asarray(v, dtype=partner.dtype.numpy)
-        return np.asarray(v, dtype=np.float32 if isinstance(v, float) else np.int64)
-    return v

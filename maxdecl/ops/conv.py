@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from ..dtypes import TensorType, format_shape
 from . import _checks
-from ._registry import apply, register
+from ._registry import apply, define
+
+_CONV = {"stride": 1, "dilation": 1, "padding": 0, "groups": 1}
 
 __all__ = ["conv2d", "conv3d"]
 
@@ -145,45 +147,17 @@ def _infer(nd):
     return infer
 
 
-def _to_cl3(x, w, attrs, nd):
-    """Input and filter as channels-last 3-D arrays (N, D, H, W, C) and (Q, R, S, Cg, F)."""
-    import numpy as np
-
-    if attrs["input_layout"][1] == "C":
-        x = np.moveaxis(x, 1, -1)
-    if attrs["filter_layout"][0] == "F":
-        w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)   # F C k... -> k... C F
-    if nd == 2:
-        x, w = x[:, None], w[None]
-    return x, w
-
-
-def _run(nd):
-    def run(args, attrs):
-        import numpy as np
-
-        from ..kernels import conv
-
-        x, w, *rest = args
-        x3, w3 = _to_cl3(x, w, attrs, nd)
-        lead = (1,) * (3 - nd)
-        stride, dil = lead + attrs["stride"], lead + attrs["dilation"]
-        pad = (0, 0) * (3 - nd) + attrs["padding"]
-        ks = w3.shape[:3]
-        outs = tuple(window_out_size(x3.shape[1 + i], ks[i], stride[i], dil[i], pad[2 * i],
-                                     pad[2 * i + 1]) for i in range(3))
-        out = conv.conv3d_ndhwc(x3, w3, stride, dil, pad, attrs["groups"], outs,
-                                rest[0] if rest else None)
-        if nd == 2:
-            out = out[:, 0]
-        if attrs["input_layout"][1] == "C":
-            out = np.ascontiguousarray(np.moveaxis(out, -1, 1))
-        return [out.astype(x.dtype, copy=False)]
-    return run
-
-
-register("conv2d", infer=_infer(2), run=_run(2), normalize=_normalize(2), kind="conv")
-register("conv3d", infer=_infer(3), run=_run(3), normalize=_normalize(3), kind="conv")
+define("conv2d", rule=_infer(2), run="vision", inputs=("x", "filter"), optional=("bias",),
+       attrs={**_CONV, "input_layout": "NHWC", "filter_layout": "RSCF"},
+       normalize=_normalize(2), kind="conv",
+       doc="2-D convolution (cross-correlation), MAX layouts NHWC / RSCF (or NCHW / FCRS)",
+       rule_doc="x rank 4, filter rank 4 with static dims; C = C/groups x groups; F divisible "
+                "by groups; bias [F]; each window must fit")
+define("conv3d", rule=_infer(3), run="vision", inputs=("x", "filter"), optional=("bias",),
+       attrs={**_CONV, "input_layout": "NDHWC", "filter_layout": "QRSCF"},
+       normalize=_normalize(3), kind="conv",
+       doc="3-D convolution, layouts NDHWC / QRSCF (or NCDHW / FCQRS)",
+       rule_doc="as conv2d with one more spatial dim (rank 5)")
 
 
 def conv2d(x, filter, stride=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), groups=1,  # noqa: A002

@@ -22,12 +22,9 @@ Example::
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..dtypes import DType, TensorType, format_shape
 from ..errors import GraphError
-from ..signatures import SIGNATURES, OpSig
-from ._registry import REGISTRY, apply, register
+from ._registry import REGISTRY, apply, define, undefine
 
 __all__ = ["custom", "register_custom", "unregister_custom"]
 
@@ -72,12 +69,8 @@ def register_custom(name: str, *, inputs=None, attrs=None, infer=None, outputs=N
         raise GraphError(f"custom op {name!r}: 'out_types' is a reserved attribute")
 
     def deco(fn):
-        if name in REGISTRY or name in SIGNATURES:
+        if name in REGISTRY:
             raise GraphError(f"op {name!r} is already registered")
-        sig = OpSig(inputs=tuple(inputs) if inputs is not None else ("values",),
-                    variadic=inputs is None,
-                    attrs={**attr_defaults, "out_types": None}, outputs=outputs,
-                    doc=(fn.__doc__ or f"custom op {name}").strip().splitlines()[0])
 
         def normalize(a):
             out = dict(a)
@@ -90,7 +83,7 @@ def register_custom(name: str, *, inputs=None, attrs=None, infer=None, outputs=N
             if a.get("out_types") is not None:
                 types = list(a["out_types"])
             elif infer is not None:
-                types = _types(infer(*[v.type for v in vals], **kw))
+                types = _types(infer(*vals, **kw))
             else:
                 raise ValueError(f"custom op {name!r} has no infer rule: pass out_types")
             if outputs is not None and len(types) != outputs:
@@ -99,6 +92,8 @@ def register_custom(name: str, *, inputs=None, attrs=None, infer=None, outputs=N
             return types
 
         def run(args, a):
+            import numpy as np
+
             kw = {k: v for k, v in a.items() if k != "out_types"}
             result = fn(*args, **kw)
             arrays = [np.asarray(r) for r in
@@ -106,12 +101,16 @@ def register_custom(name: str, *, inputs=None, attrs=None, infer=None, outputs=N
             if a.get("out_types") is not None:
                 expected = list(a["out_types"])
             else:  # the infer rule on the run-time types
-                expected = infer_fn([_Typed(x) for x in args], a)
+                expected = infer_fn([TensorType(DType.from_numpy(x.dtype), x.shape)
+                                     for x in args], a)
             _check_outputs(name, arrays, expected)
             return arrays
 
-        register(name, infer=infer_fn, run=run, normalize=normalize, kind="custom",
-                 signature=sig)
+        define(name, rule=infer_fn, run=run, normalize=normalize, kind="custom",
+               inputs=tuple(inputs) if inputs is not None else ("values",),
+               variadic=inputs is None, attrs={**attr_defaults, "out_types": None},
+               outputs=outputs if outputs is not None else _outputs_from_types,
+               doc=(fn.__doc__ or f"custom op {name}").strip().splitlines()[0])
         _CUSTOM.add(name)
         fn.op_name = name
         return fn
@@ -119,11 +118,9 @@ def register_custom(name: str, *, inputs=None, attrs=None, infer=None, outputs=N
     return deco
 
 
-class _Typed:
-    """A run-time array seen through the ``.type`` an infer rule reads."""
-
-    def __init__(self, array):
-        self.type = TensorType(DType.from_numpy(array.dtype), array.shape)
+def _outputs_from_types(n_inputs, attrs):
+    types = attrs.get("out_types")
+    return None if types is None else len(types)
 
 
 def _check_outputs(name, arrays, expected) -> None:
@@ -143,8 +140,7 @@ def unregister_custom(name: str) -> None:
     if name not in _CUSTOM:
         raise GraphError(f"{name!r} is not a registered custom op")
     _CUSTOM.discard(name)
-    REGISTRY.pop(name, None)
-    SIGNATURES.pop(name, None)
+    undefine(name)
 
 
 def custom(name: str, inputs, out_types=None, **attrs) -> list:

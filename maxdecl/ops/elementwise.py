@@ -1,75 +1,65 @@
 """Elementwise ops with NumPy broadcasting; inputs share one dtype (no implicit promotion).
 
-Activations with no single NumPy call (silu, gelu, gelu_tanh) run numba kernels.
+Runtime: ``maxdecl.kernels.elementwise`` (NumPy ufuncs; numba kernels for the
+activations with no single NumPy call: silu, gelu, gelu_tanh).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..dtypes import DType, TensorType
 from . import _checks
-from ._registry import apply, kernels, register
+from ._registry import REQUIRED, apply, define
 
 
-def _binary_infer(inputs, attrs):
-    x, y = inputs
+def _binary_rule(types, attrs):
+    x, y = types
     _checks.not_quantized(x, y)
     dtype = _checks.same_dtype(x, y)
     return [TensorType(dtype, _checks.broadcast_shapes(x.shape, y.shape))]
 
 
-def _unary_infer(inputs, attrs):
-    (x,) = inputs
+def _unary_rule(types, attrs):
+    (x,) = types
     _checks.not_quantized(x)
-    return [x.type]
+    return [x]
 
 
-def _float_unary_infer(inputs, attrs):
-    (x,) = inputs
+def _float_unary_rule(types, attrs):
+    (x,) = types
     _checks.float_input(x)
-    return [x.type]
+    return [x]
 
 
-def _cast_infer(inputs, attrs):
-    (x,) = inputs
+def _cast_rule(types, attrs):
+    (x,) = types
     _checks.not_quantized(x)
-    return [TensorType(DType.parse(attrs["dtype"]), x.shape)]
+    return [TensorType(attrs["dtype"], x.shape)]
 
 
 def _normalize_cast(attrs):
-    return {**attrs, "dtype": DType.parse(attrs["dtype"])}
+    try:
+        return {**attrs, "dtype": DType.parse(attrs["dtype"])}
+    except Exception as e:  # noqa: BLE001 - a GraphError from DType.parse
+        raise ValueError(str(e)) from None
 
 
-def _kernel(name):
-    def run(args, attrs):
-        activations = kernels("activations")
-        return [getattr(activations, name)(args[0])]
-    return run
+BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+UNARY = ("neg", "abs", "relu")
+FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh")
 
-
-def _rsqrt(x):
-    return (1.0 / np.sqrt(x)).astype(x.dtype, copy=False)
-
-
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-           "pow": np.power, "maximum": np.maximum, "minimum": np.minimum}
-_UNARY = {"neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-          "rsqrt": _rsqrt, "tanh": np.tanh,
-          "relu": lambda x: np.maximum(x, x.dtype.type(0)),
-          "sigmoid": lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype, copy=False)}
-_FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid"}
-
-for _name, _fn in _BINARY.items():
-    register(_name, infer=_binary_infer, kind="elementwise",
-             run=lambda args, attrs, f=_fn: [np.asarray(f(args[0], args[1]))])
-for _name, _fn in _UNARY.items():
-    register(_name, infer=_float_unary_infer if _name in _FLOAT_ONLY else _unary_infer,
-             kind="elementwise", run=lambda args, attrs, f=_fn: [np.asarray(f(args[0]))])
-for _name in ("silu", "gelu", "gelu_tanh"):
-    register(_name, infer=_float_unary_infer, kind="elementwise", run=_kernel(_name))
-register("cast", infer=_cast_infer, normalize=_normalize_cast, kind="elementwise",
-         run=lambda args, attrs: [args[0].astype(attrs["dtype"].numpy)])
+for _name in BINARY:
+    define(_name, rule=_binary_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
+           doc=f"elementwise {_name} with NumPy broadcasting",
+           rule_doc="x, y: one dtype, not quantized; out: that dtype, shapes broadcast")
+for _name in UNARY:
+    define(_name, rule=_unary_rule, run="elementwise", kind="elementwise",
+           doc=f"elementwise {_name}", rule_doc="x: not quantized; out: the type of x")
+for _name in FLOAT_UNARY:
+    define(_name, rule=_float_unary_rule, run="elementwise", kind="elementwise",
+           doc=f"elementwise {_name}", rule_doc="x: float; out: the type of x")
+define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
+       normalize=_normalize_cast, kind="elementwise", doc="convert element type",
+       rule_doc="x: not quantized; out: dtype, the shape of x")
 
 
 def _make_binary(name):
@@ -88,10 +78,10 @@ def _make_unary(name):
     return op
 
 
-add, sub, mul, div, pow, maximum, minimum = (_make_binary(n) for n in _BINARY)  # noqa: A001
-(neg, abs, exp, log, sqrt, rsqrt, tanh, relu, sigmoid) = (  # noqa: A001
-    _make_unary(n) for n in _UNARY)
-silu, gelu, gelu_tanh = (_make_unary(n) for n in ("silu", "gelu", "gelu_tanh"))
+add, sub, mul, div, pow, maximum, minimum = (_make_binary(n) for n in BINARY)  # noqa: A001
+neg, abs, relu = (_make_unary(n) for n in UNARY)  # noqa: A001
+exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh = (
+    _make_unary(n) for n in FLOAT_UNARY)
 
 
 def cast(x, dtype):

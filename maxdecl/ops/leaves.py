@@ -1,61 +1,50 @@
-"""Leaf nodes: ``constant``, ``weight`` (bound at execute) and ``quantize``."""
+"""Leaf nodes: ``constant``, ``weight`` (bound when a graph is compiled) and ``quantize``.
+
+These are the graph's own nodes (``g.constant``, ``g.weight``, ``g.quantize``); a spec
+declares them through ``constants:`` and ``weights:``, not as ops.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..dtypes import DType, TensorType
-from ..tensors import QuantizedTensor
-from ._registry import register
+from ..blocks import block_size
+from ..dtypes import DType, QuantizedType, TensorType
+from ._registry import REQUIRED, define
 
 
-def _constant_infer(inputs, attrs):
-    from ..graph import QuantizedType
-
+def _constant_rule(types, attrs):
     v = attrs["value"]
-    if isinstance(v, QuantizedTensor):
-        return [QuantizedType(v.encoding, v.shape)]
+    if getattr(v, "encoding", None) is not None:        # a QuantizedTensor
+        return [QuantizedType(v.encoding, tuple(v.shape))]
     return [TensorType(DType.from_numpy(v.dtype), v.shape)]
 
 
-def _weight_infer(inputs, attrs):
-    from .. import codecs
-    from ..graph import QuantizedType
+def _block_rule(what: str, t, encoding: str):
+    be, _ = block_size(encoding)
+    k = t.shape[-1] if t.shape else None
+    if not isinstance(k, int) or k % be:
+        raise ValueError(f"{what} {t}: last dim {k} is not a multiple of {encoding}'s block "
+                         f"of {be}")
+    return [QuantizedType(encoding, t.shape)]
 
+
+def _weight_rule(types, attrs):
     t = attrs["type"]
     if attrs["encoding"] is None:
         return [t]
-    enc = codecs.get(attrs["encoding"])
-    k = t.shape[-1] if t.shape else None
-    if not isinstance(k, int) or k % enc.block_elements:
-        raise ValueError(f"weight {attrs['name']!r} {t}: last dim must be a multiple of "
-                         f"{enc.name}'s block of {enc.block_elements}")
-    return [QuantizedType(enc.name, t.shape)]
+    return _block_rule(f"weight {attrs['name']!r}", t, attrs["encoding"])
 
 
-def _quantize_infer(inputs, attrs):
-    from .. import codecs
-    from ..graph import QuantizedType
-
-    (x,) = inputs
-    enc = codecs.get(attrs["encoding"])
+def _quantize_rule(types, attrs):
+    (x,) = types
     if x.dtype != DType.float32 or x.is_quantized:
-        raise TypeError(f"quantize needs float32 input, got {x.type}")
-    k = x.shape[-1] if x.shape else None
-    if not isinstance(k, int) or k % enc.block_elements:
-        raise ValueError(f"last dim {k} is not a multiple of {enc.name}'s block of "
-                         f"{enc.block_elements}")
-    return [QuantizedType(enc.name, x.shape)]
+        raise TypeError(f"quantize needs float32 input, got {x}")
+    return _block_rule("x", x, attrs["encoding"])
 
 
-def _quantize_run(args, attrs):
-    from .. import codecs
-
-    x = np.ascontiguousarray(args[0], dtype=np.float32)
-    enc = codecs.get(attrs["encoding"])
-    return [QuantizedTensor(enc.quantize(x), x.shape, enc.name)]
-
-
-register("constant", infer=_constant_infer, run=lambda args, attrs: [attrs["value"]], kind="leaf")
-register("weight", infer=_weight_infer, run=lambda args, attrs: [], kind="leaf")
-register("quantize", infer=_quantize_infer, run=_quantize_run, kind="leaf")
+define("constant", rule=_constant_rule, run="leaves", inputs=(), attrs={"value": REQUIRED},
+       kind="leaf", doc="a constant tensor (NumPy array or QuantizedTensor)")
+define("weight", rule=_weight_rule, run="leaves", inputs=(),
+       attrs={"name": REQUIRED, "type": REQUIRED, "encoding": None}, kind="leaf",
+       doc="a named weight, bound when the graph is compiled")
+define("quantize", rule=_quantize_rule, run="leaves", attrs={"encoding": REQUIRED},
+       kind="leaf", doc="float32 [..., K] -> packed blocks of an encoding")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..dtypes import format_shape
 from . import _checks
-from ._registry import apply, kernels, register
+from ._registry import apply, define
 
 __all__ = ["layer_norm", "rms_norm"]
 
@@ -22,7 +22,7 @@ def _check_weight(x, w, what):
                          f"{x.shape[-1]} (the last dim of x{format_shape(x.shape)})")
 
 
-def _norm_infer(inputs, attrs):
+def _norm_rule(inputs, attrs):
     x, *weights = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x, *weights)
@@ -32,40 +32,30 @@ def _norm_infer(inputs, attrs):
         _check_weight(x, w, what)
     if float(attrs["epsilon"]) < 0:
         raise ValueError(f"epsilon must be >= 0, got {attrs['epsilon']}")
-    return [x.type]
+    return [x]
 
 
-def _rms_infer(inputs, attrs):
+def _rms_rule(inputs, attrs):
     x, w = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x, w)
     if x.rank == 0:
         raise ValueError("rms_norm needs x of rank >= 1")
     _check_weight(x, w, "weight")
-    return [x.type]
-
-
-def _layer_norm_run(args, attrs):
-    norm = kernels("norm")
-
-    x = args[0]
-    beta = args[2] if len(args) > 2 else None
-    return [norm.layer_norm(x, args[1], beta, attrs["epsilon"]).astype(x.dtype, copy=False)]
-
-
-def _rms_norm_run(args, attrs):
-    norm = kernels("norm")
-
-    x = args[0]
-    return [norm.rms_norm(x, args[1], attrs["epsilon"]).astype(x.dtype, copy=False)]
+    return [x]
 
 
 def _eps(a):
     return {**a, "epsilon": float(a["epsilon"])}
 
 
-register("layer_norm", infer=_norm_infer, run=_layer_norm_run, normalize=_eps, kind="norm")
-register("rms_norm", infer=_rms_infer, run=_rms_norm_run, normalize=_eps, kind="norm")
+define("layer_norm", rule=_norm_rule, run="norm", inputs=("x", "gamma"), optional=("beta",),
+       attrs={"epsilon": 1e-5}, normalize=_eps, kind="norm",
+       doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis",
+       rule_doc="x float; gamma, beta 1-D of x's last dim; out: the type of x")
+define("rms_norm", rule=_rms_rule, run="norm", inputs=("x", "weight"), attrs={"epsilon": 1e-6},
+       normalize=_eps, kind="norm", doc="x * rsqrt(mean(x**2) + epsilon) * weight over the last axis",
+       rule_doc="x float; weight 1-D of x's last dim; out: the type of x")
 
 
 def layer_norm(x, gamma, beta=None, epsilon: float = 1e-5):

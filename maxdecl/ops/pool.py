@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, register
-from .conv import expand, expand_padding, window_out, window_out_size
+from ._registry import REQUIRED, apply, define
+from .conv import expand, expand_padding, window_out
 
 __all__ = ["avg_pool", "max_pool"]
 
@@ -60,32 +60,13 @@ def _infer(name):
     return infer
 
 
-def _run_outs(x, attrs):
-    p = attrs["padding"]
-    return tuple(window_out_size(x.shape[1 + i], attrs["kernel_size"][i], attrs["stride"][i],
-                                 attrs["dilation"][i], p[2 * i], p[2 * i + 1],
-                                 attrs["ceil_mode"]) for i in range(2))
-
-
-def _avg_run(args, attrs):
-    from ..kernels import pool
-
-    x = args[0]
-    out = pool.avg_pool_nhwc(x, attrs["kernel_size"], attrs["stride"], attrs["dilation"],
-                             attrs["padding"], attrs["count_boundary"], _run_outs(x, attrs))
-    return [out.astype(x.dtype, copy=False)]
-
-
-def _max_run(args, attrs):
-    from ..kernels import pool
-
-    x = args[0]
-    return [pool.max_pool_nhwc(x, attrs["kernel_size"], attrs["stride"], attrs["dilation"],
-                               attrs["padding"], _run_outs(x, attrs))]
-
-
-register("avg_pool", infer=_infer("avg_pool"), run=_avg_run, normalize=_normalize, kind="pool")
-register("max_pool", infer=_infer("max_pool"), run=_max_run, normalize=_normalize, kind="pool")
+_POOL = {"kernel_size": REQUIRED, "stride": 1, "dilation": 1, "padding": 0, "ceil_mode": False}
+define("avg_pool", rule=_infer("avg_pool"), run="vision", attrs={**_POOL, "count_boundary": True},
+       normalize=_normalize, kind="pool", doc="average over windows of NHWC x",
+       rule_doc="x float, rank 4 (NHWC); each window must fit")
+define("max_pool", rule=_infer("max_pool"), run="vision", attrs=_POOL, normalize=_normalize,
+       kind="pool", doc="maximum over windows of NHWC x; padding never wins",
+       rule_doc="x not bool, rank 4 (NHWC); each window must fit")
 
 
 def avg_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,

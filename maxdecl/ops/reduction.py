@@ -8,11 +8,9 @@ inputs too) and return the input dtype; integer sums keep the integer dtype.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..dtypes import DType, TensorType
 from . import _checks
-from ._registry import apply, kernels, register
+from ._registry import apply, define
 
 __all__ = ["sum", "mean", "max", "argmax", "softmax"]
 
@@ -43,7 +41,7 @@ def _reduced_shape(x, attrs) -> tuple:
     return tuple(d for i, d in enumerate(x.shape) if i not in axes)
 
 
-def _reduce_infer(name):
+def _reduce_rule(name):
     def infer(inputs, attrs):
         (x,) = inputs
         _checks.not_quantized(x)
@@ -60,29 +58,7 @@ def _reduce_infer(name):
     return infer
 
 
-def _np_axis(axis):
-    return axis  # None, int or tuple: NumPy takes all three
-
-
-def _sum_run(args, attrs):
-    x = args[0]
-    acc = np.float32 if x.dtype.kind == "f" else x.dtype
-    out = np.sum(x, axis=_np_axis(attrs["axis"]), dtype=acc, keepdims=attrs["keepdims"])
-    return [np.asarray(out).astype(x.dtype, copy=False)]
-
-
-def _mean_run(args, attrs):
-    x = args[0]
-    out = np.mean(x, axis=_np_axis(attrs["axis"]), dtype=np.float32, keepdims=attrs["keepdims"])
-    return [np.asarray(out).astype(x.dtype, copy=False)]
-
-
-def _max_run(args, attrs):
-    x = args[0]
-    return [np.asarray(np.max(x, axis=_np_axis(attrs["axis"]), keepdims=attrs["keepdims"]))]
-
-
-def _argmax_infer(inputs, attrs):
+def _argmax_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
     _checks.no_bfloat16(x)
@@ -95,18 +71,15 @@ def _argmax_infer(inputs, attrs):
     return [TensorType(DType.int64, shape)]
 
 
-def _argmax_run(args, attrs):
-    x = args[0]
-    # first index of the maximum, as torch and NumPy (a NaN counts as the maximum)
-    out = np.argmax(x, axis=attrs["axis"], keepdims=attrs["keepdims"])
-    return [np.asarray(out, dtype=np.int64)]
-
-
-for _name, _run in (("sum", _sum_run), ("mean", _mean_run), ("max", _max_run)):
-    register(_name, infer=_reduce_infer(_name), run=_run, normalize=_normalize_axis,
-             kind="reduction")
-register("argmax", infer=_argmax_infer, run=_argmax_run, normalize=_normalize_axis,
-         kind="reduction")
+_AXIS = {"axis": -1, "keepdims": False}
+for _name in ("sum", "mean", "max"):
+    define(_name, rule=_reduce_rule(_name), run="reduction", attrs=_AXIS,
+           normalize=_normalize_axis, kind="reduction",
+           doc=f"{_name} over axis (an int, a list, or null for every axis)",
+           rule_doc="x not bool (mean: float); reduced axes dropped, or 1 with keepdims")
+define("argmax", rule=_argmax_rule, run="reduction", attrs=_AXIS, normalize=_normalize_axis,
+       kind="reduction", doc="int64 index of the first maximum along axis",
+       rule_doc="one axis or null; out int64")
 
 
 def _reduce_axis(axis):
@@ -134,25 +107,17 @@ def argmax(x, axis=-1, keepdims: bool = False):
 
 
 # -- softmax ----------------------------------------------------------------------------
-def _softmax_infer(inputs, attrs):
+def _softmax_rule(inputs, attrs):
     (x,) = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x)
     _checks.valid_axis(attrs["axis"], x.rank)
-    return [x.type]
+    return [x]
 
 
-def _softmax_run(args, attrs):
-    x = args[0]
-    axis = attrs["axis"] % x.ndim
-    moved = np.moveaxis(x, axis, -1)
-    k = kernels("softmax")
-    out = k.softmax_lastdim(np.ascontiguousarray(moved, dtype=np.float32)).astype(x.dtype)
-    return [np.moveaxis(out, -1, axis)]
-
-
-register("softmax", infer=_softmax_infer, run=_softmax_run, kind="reduction",
-         normalize=lambda a: {**a, "axis": int(a["axis"])})
+define("softmax", rule=_softmax_rule, run="reduction", attrs={"axis": -1}, kind="reduction",
+       normalize=lambda a: {**a, "axis": int(a["axis"])},
+       doc="exp(x - max) / sum(exp(x - max)) along axis", rule_doc="x float; out: the type of x")
 
 
 def softmax(x, axis: int = -1):

@@ -8,19 +8,17 @@ size is derived from a symbol gets a derived symbol such as ``"past+seq"``.
 from __future__ import annotations
 
 import builtins
-import math
 
-import numpy as np
-
+from .. import dims
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, register
+from ._registry import REQUIRED, apply, define
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select"]
 
 
-def _reshape_infer(inputs, attrs):
-    (x,) = inputs
+def _reshape_rule(types, attrs):
+    (x,) = types
     _checks.not_quantized(x)
     new = list(attrs["shape"])
     if sum(1 for d in new if d == -1) > 1:
@@ -28,45 +26,21 @@ def _reshape_infer(inputs, attrs):
     for d in new:
         if isinstance(d, int) and d < -1:
             raise ValueError(f"reshape to {format_shape(new)}: negative dim {d}")
+    count = dims.mul(*x.shape)
     if -1 in new:
-        known_in = [d for d in x.shape if isinstance(d, int)]
-        sym_in = sorted(d for d in x.shape if isinstance(d, str))
-        known_out = [d for d in new if isinstance(d, int) and d != -1]
-        sym_out = sorted(d for d in new if isinstance(d, str))
-        rest = [s for s in sym_in if s not in sym_out] if set(sym_out) <= set(sym_in) else None
-        n_in, n_out = math.prod(known_in), math.prod(known_out)
-        if rest == [] and n_out and n_in % n_out == 0:
-            new[new.index(-1)] = n_in // n_out
-        elif rest and len(rest) == 1 and n_out and n_in == n_out:
-            new[new.index(-1)] = rest[0]
-        else:
-            raise ValueError(f"cannot infer -1 reshaping {format_shape(x.shape)} to "
-                             f"{format_shape(attrs['shape'])}")
-    elif all(isinstance(d, int) for d in (*x.shape, *new)):
-        if math.prod(x.shape) != math.prod(new):
-            raise ValueError(f"cannot reshape {format_shape(x.shape)} "
-                             f"({math.prod(x.shape)} elements) to {format_shape(new)} "
-                             f"({math.prod(new)} elements)")
+        known = dims.mul(*(d for d in new if d != -1))
+        rest = dims.divide(count, known)
+        if rest is None:
+            raise ValueError(f"cannot infer -1 reshaping {x} ({count} elements) to "
+                             f"{format_shape(new)}")
+        new[new.index(-1)] = rest
+    elif dims.differ(count, dims.mul(*new)):
+        raise ValueError(f"cannot reshape {x} ({count} elements) to {format_shape(new)} "
+                         f"({dims.mul(*new)} elements)")
     return [TensorType(x.dtype, tuple(new))]
 
 
-def _reshape_run(args, attrs):
-    x = args[0]
-    shape = [d if isinstance(d, int) else -1 for d in attrs["shape"]]
-    if shape.count(-1) > 1:  # symbolic dims resolved from the input at run time
-        return [x.reshape(_resolve(x.shape, attrs["shape"]))]
-    return [x.reshape(shape)]
-
-
-def _resolve(in_shape, spec):
-    """Resolve several symbolic dims: each keeps the size of the same-position input dim."""
-    out = []
-    for i, d in enumerate(spec):
-        out.append(d if isinstance(d, int) else in_shape[i])
-    return out
-
-
-def _transpose_infer(inputs, attrs):
+def _transpose_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
     perm = [int(p) for p in attrs["perm"]]
@@ -76,11 +50,13 @@ def _transpose_infer(inputs, attrs):
     return [TensorType(x.dtype, tuple(x.shape[p] for p in perm))]
 
 
-register("reshape", infer=_reshape_infer, run=_reshape_run, kind="shape",
-         normalize=lambda a: {**a, "shape": tuple(a["shape"])})
-register("transpose", infer=_transpose_infer, kind="shape",
-         normalize=lambda a: {**a, "perm": tuple(int(p) for p in a["perm"])},
-         run=lambda args, attrs: [np.ascontiguousarray(np.transpose(args[0], attrs["perm"]))])
+define("reshape", rule=_reshape_rule, run="shape", attrs={"shape": REQUIRED}, kind="shape",
+       dim_attrs=("shape",), normalize=lambda a: {**a, "shape": tuple(a["shape"])},
+       doc="new shape; one dim may be -1; symbolic dims allowed",
+       rule_doc="element counts must match (as polynomials of the symbolic dims)")
+define("transpose", rule=_transpose_rule, run="shape", attrs={"perm": REQUIRED}, kind="shape",
+       normalize=lambda a: {**a, "perm": tuple(int(p) for p in a["perm"])},
+       doc="permute axes", rule_doc="perm is a permutation of x's axes")
 
 
 def reshape(x, shape):
@@ -94,7 +70,7 @@ def transpose(x, perm):
 
 
 # -- concat / split ---------------------------------------------------------------------
-def _concat_infer(inputs, attrs):
+def _concat_rule(inputs, attrs):
     if not inputs:
         raise ValueError("concat needs at least one value")
     _checks.not_quantized(*inputs)
@@ -118,7 +94,7 @@ def _concat_infer(inputs, attrs):
     return [TensorType(dtype, tuple(out))]
 
 
-def _split_infer(inputs, attrs):
+def _split_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
     axis = _checks.valid_axis(attrs["axis"], x.rank)
@@ -132,16 +108,15 @@ def _split_infer(inputs, attrs):
     return [TensorType(x.dtype, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in sizes]
 
 
-def _split_run(args, attrs):
-    x = args[0]
-    cuts = np.cumsum(attrs["sizes"])[:-1]
-    return list(np.split(x, cuts, axis=attrs["axis"] % x.ndim))
-
-
-register("concat", infer=_concat_infer, kind="shape",
-         run=lambda args, attrs: [np.concatenate(args, axis=attrs["axis"])])
-register("split", infer=_split_infer, run=_split_run, kind="shape",
-         normalize=lambda a: {**a, "sizes": tuple(int(s) for s in a["sizes"])})
+define("concat", rule=_concat_rule, run="shape", inputs=("values",), variadic=True,
+       attrs={"axis": 0}, kind="shape", doc="join along axis",
+       rule_doc="one dtype and rank; dims other than axis equal; axis dims add")
+define("split", rule=_split_rule, run="shape", attrs={"sizes": REQUIRED, "axis": 0},
+       outputs=lambda n, attrs: len(attrs["sizes"]), outputs_doc="one per entry of `sizes`",
+       kind="shape",
+       normalize=lambda a: {**a, "sizes": tuple(int(s) for s in a["sizes"])},
+       doc="split into pieces of the given sizes (one output per size)",
+       rule_doc="sizes sum to the axis dim")
 
 
 def concat(values, axis: int = 0):
@@ -164,18 +139,18 @@ def _normalize_slice(attrs):
     return {**attrs, "starts": starts, "ends": ends, "axes": axes, "steps": steps}
 
 
-def _slice_infer(inputs, attrs):
+def _slice_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
     starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"]
     if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ValueError(f"slice: starts {list(starts)}, ends {list(ends)}, axes {list(axes)} "
+        raise ValueError(f"starts {list(starts)}, ends {list(ends)}, axes {list(axes)} "
                          f"and steps {list(steps)} must have one length")
     norm = [_checks.valid_axis(a, x.rank) for a in axes]
     if len(set(norm)) != len(norm):
-        raise ValueError(f"slice: axes {list(axes)} repeat an axis")
+        raise ValueError(f"axes {list(axes)} repeat an axis")
     if 0 in steps:
-        raise ValueError("slice: steps must be nonzero")
+        raise ValueError("steps must be nonzero")
     out = list(x.shape)
     for a, s, e, st in zip(norm, starts, ends, steps):
         d = x.shape[a]
@@ -188,15 +163,10 @@ def _slice_infer(inputs, attrs):
     return [TensorType(x.dtype, tuple(out))]
 
 
-def _slice_run(args, attrs):
-    x = args[0]
-    index = [builtins.slice(None)] * x.ndim
-    for a, s, e, st in zip(attrs["axes"], attrs["starts"], attrs["ends"], attrs["steps"]):
-        index[a % x.ndim] = builtins.slice(s, e, st)
-    return [x[tuple(index)]]
-
-
-register("slice", infer=_slice_infer, run=_slice_run, normalize=_normalize_slice, kind="shape")
+define("slice", rule=_slice_rule, run="shape", normalize=_normalize_slice, kind="shape",
+       attrs={"starts": REQUIRED, "ends": REQUIRED, "axes": None, "steps": None},
+       doc="x[starts:ends:steps] on axes (default: the first len(starts) axes)",
+       rule_doc="starts, ends, axes, steps of one length; axes distinct and in range")
 
 
 def slice(x, starts, ends, axes=None, steps=None):  # noqa: A001
@@ -211,7 +181,7 @@ def slice(x, starts, ends, axes=None, steps=None):  # noqa: A001
 
 
 # -- gather / tile / select -------------------------------------------------------------
-def _gather_infer(inputs, attrs):
+def _gather_rule(inputs, attrs):
     x, idx = inputs
     _checks.not_quantized(x)
     _checks.int_input(idx, "indices")
@@ -221,17 +191,7 @@ def _gather_infer(inputs, attrs):
     return [TensorType(x.dtype, x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
 
 
-def _gather_run(args, attrs):
-    x, idx = args
-    axis = attrs["axis"] % x.ndim
-    n = x.shape[axis]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        bad = idx.min() if idx.min() < -n else idx.max()
-        raise IndexError(f"index {bad} is out of range for axis {axis} of size {n}")
-    return [np.take(x, idx, axis=axis)]
-
-
-def _tile_infer(inputs, attrs):
+def _tile_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
     reps = attrs["repeats"]
@@ -240,12 +200,11 @@ def _tile_infer(inputs, attrs):
     rank = max(len(reps), x.rank)
     shape = (1,) * (rank - x.rank) + tuple(x.shape)
     reps = (1,) * (rank - len(reps)) + tuple(reps)
-    out = [d * r if isinstance(d, int) else (d if r == 1 else f"{r}*{d}")
-           for d, r in zip(shape, reps)]
+    out = [dims.mul(d, r) for d, r in zip(shape, reps)]
     return [TensorType(x.dtype, tuple(out))]
 
 
-def _select_infer(inputs, attrs):
+def _select_rule(inputs, attrs):
     cond, x, y = inputs
     _checks.not_quantized(cond, x, y)
     if cond.dtype != DType.bool:
@@ -254,12 +213,15 @@ def _select_infer(inputs, attrs):
     return [TensorType(dtype, _checks.broadcast_shapes(cond.shape, x.shape, y.shape))]
 
 
-register("gather", infer=_gather_infer, run=_gather_run, kind="shape")
-register("tile", infer=_tile_infer, kind="shape",
-         normalize=lambda a: {**a, "repeats": tuple(int(r) for r in a["repeats"])},
-         run=lambda args, attrs: [np.tile(args[0], attrs["repeats"])])
-register("select", infer=_select_infer, kind="shape",
-         run=lambda args, attrs: [np.where(args[0], args[1], args[2])])
+define("gather", rule=_gather_rule, run="shape", inputs=("x", "indices"), attrs={"axis": 0},
+       kind="shape", doc="np.take(x, indices, axis)",
+       rule_doc="indices integer; out x.shape[:axis] + indices.shape + x.shape[axis+1:]")
+define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="shape",
+       normalize=lambda a: {**a, "repeats": tuple(int(r) for r in a["repeats"])},
+       doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
+define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
+       doc="np.where(cond, x, y)",
+       rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
 
 
 def gather(x, indices, axis: int = 0):

@@ -6,20 +6,15 @@ Float math is float32; outputs take the dtype of the float input (``x`` / ``q``)
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, kernels, register
-from .kv_cache import append_kv
+from ._registry import apply, define
 
 __all__ = ["embedding", "rope", "attention"]
 
 
 # -- embedding --------------------------------------------------------------------------
-def _embedding_infer(inputs, attrs):
+def _embedding_rule(inputs, attrs):
     table, ids = inputs
     _checks.int_input(ids, "ids")
     if table.rank != 2:
@@ -29,24 +24,9 @@ def _embedding_infer(inputs, attrs):
     return [TensorType(table.dtype, ids.shape + (table.shape[1],))]
 
 
-def _embedding_run(args, attrs):
-    from .. import codecs
-    from ..tensors import QuantizedTensor
-
-    table, ids = args
-    flat = np.asarray(ids).reshape(-1).astype(np.int64, copy=False)
-    vocab = table.shape[0]
-    if flat.size and (flat.min() < 0 or flat.max() >= vocab):
-        bad = flat.min() if flat.min() < 0 else flat.max()
-        raise IndexError(f"id {bad} is out of range for a table of {vocab} rows")
-    if isinstance(table, QuantizedTensor):
-        k = table.shape[1]
-        rows = codecs.get(table.encoding).dequantize(table.data[flat], (flat.size, k))
-        return [np.asarray(rows, np.float32).reshape(ids.shape + (k,))]
-    return [np.take(table, flat, axis=0).reshape(ids.shape + (table.shape[1],))]
-
-
-register("embedding", infer=_embedding_infer, run=_embedding_run, kind="transformer")
+define("embedding", rule=_embedding_rule, run="transformer", inputs=("table", "ids"),
+       kind="transformer", doc="rows of table (float or quantized) picked by integer ids",
+       rule_doc="table [vocab, dim] (quantized gives float32), ids integer -> [*ids, dim]")
 
 
 def embedding(table, ids):
@@ -69,7 +49,7 @@ def _normalize_rope(attrs):
             "style": style, "dim": None if dim is None else int(dim)}
 
 
-def _rope_infer(inputs, attrs):
+def _rope_rule(inputs, attrs):
     x, pos, *factors = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x)
@@ -95,20 +75,17 @@ def _rope_infer(inputs, attrs):
         if f.rank != 1 or not _checks.dims_equal(f.shape[0], rot // 2):
             raise ValueError(f"freq_factors{format_shape(f.shape)} must be [{rot // 2}] "
                              f"(one per rotated pair of x{format_shape(x.shape)})")
-    return [x.type]
+    return [x]
 
 
-def _rope_run(args, attrs):
-    k = kernels("rope")
-
-    x, pos, *factors = args
-    dim = attrs["dim"] or x.shape[-1]
-    out = k.rope(x, pos, attrs["theta"], attrs["style"] == "neox", attrs["scale"], dim,
-                 factors[0] if factors else None)
-    return [out.astype(x.dtype, copy=False)]
-
-
-register("rope", infer=_rope_infer, run=_rope_run, normalize=_normalize_rope, kind="transformer")
+define("rope", rule=_rope_rule, run="transformer", inputs=("x", "positions"),
+       optional=("freq_factors",),
+       attrs={"theta": 10000.0, "style": "normal", "scale": 1.0, "dim": None},
+       normalize=_normalize_rope, kind="transformer",
+       doc="rotary position embedding on x[..., seq, heads, head_dim]; freq_factors[dim // 2] "
+           "divide the rotation frequencies",
+       rule_doc="x float [..., seq, heads, head_dim] (head_dim static), positions integer [seq], "
+                "freq_factors [dim // 2]; out: the type of x")
 
 
 def rope(x, positions, theta=10000.0, style="normal", scale=1.0, dim=None,
@@ -146,7 +123,7 @@ def _normalize_attention(attrs):
     return out
 
 
-def _attention_infer(inputs, attrs):
+def _attention_rule(inputs, attrs):
     q, k, v, *rest = inputs
     cache = rest[0] if rest else None
     for val, what in ((q, "q"), (k, "k"), (v, "v")) + (((cache, "kv_cache"),) if rest else ()):
@@ -190,30 +167,19 @@ def _attention_infer(inputs, attrs):
     return [out, new]
 
 
-def _attention_run(args, attrs):
-    kern = kernels("attention")
-
-    q, k, v, *rest = args
-    new_cache = None
-    if rest:
-        past = rest[0]
-        new_cache = append_kv(past, k, v)
-        k, v = new_cache[0], new_cache[1]
-    *qb, s, hq, d = q.shape
-    t = k.shape[-3]
-    batch = tuple(qb)
-    q3 = q.reshape((-1, s, hq, d))
-    k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
-    v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
-    scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(d)
-    out = kern.attention(q3, k3, v3, scale, attrs["causal"], attrs["sliding_window"],
-                         attrs["alibi_slopes"], attrs["softcap"], t - s)
-    out = out.reshape(batch + (s, hq, v.shape[-1])).astype(q.dtype, copy=False)
-    return [out] if new_cache is None else [out, new_cache]
-
-
-register("attention", infer=_attention_infer, run=_attention_run,
-         normalize=_normalize_attention, kind="transformer")
+define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "v"),
+       optional=("kv_cache",),
+       attrs={"causal": True, "scale": None, "sliding_window": None, "alibi_slopes": None,
+              "softcap": None},
+       outputs=lambda n, attrs: 2 if n >= 4 else 1, normalize=_normalize_attention,
+       outputs_doc="out; with `kv_cache` also the new cache",
+       sequence_axis=-3, state={"kv_cache": 1},
+       kind="transformer",
+       doc="grouped-query attention on [..., seq, heads, head_dim]; with kv_cache also "
+           "returns the new cache",
+       rule_doc="q [..., S, Hq, D], k [..., T, Hkv, D], v [..., T, Hkv, Dv], Hq a multiple of "
+                "Hkv, one float dtype; kv_cache [2, ..., T_past, Hkv, D] -> "
+                "out [..., S, Hq, Dv] (and cache [2, ..., T_past + T, Hkv, D])")
 
 
 def attention(q, k, v, kv_cache=None, causal=True, scale=None, sliding_window=None,

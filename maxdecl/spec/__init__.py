@@ -27,6 +27,7 @@ from ..errors import SpecError
 from . import semantic
 from .marks import load_yaml
 from .model import Program, Spec
+from .parse import parse
 
 __all__ = ["SpecProblem", "Spec", "Program", "load_spec", "validate_spec", "validate_text",
            "parse_text", "format_problems"]
@@ -65,7 +66,7 @@ def parse_text(text: str, file: str = "<string>") -> tuple[Spec | None, list[Spe
         found = [p for p in schema_check(data, marks) if not _covered(p.path, bad)]
         problems += found
         bad += [p.path for p in found]
-        spec, parse_problems = semantic.parse(data, marks, file)
+        spec, parse_problems = parse(data, marks, file)
         if spec is not None:
             more = parse_problems + semantic.check(spec)
             problems += [p for p in more if not _covered(p.path, bad)]
@@ -109,7 +110,12 @@ def load_spec(path, variant: str | None = None) -> Spec:
     if isinstance(path, Spec):
         return path if variant in (None, path.variant) and path.params else \
             semantic.select_variant(path, variant or path.variant)
-    spec, problems = parse_text(_read(path), str(path))
+    try:
+        text = _read(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: cannot read the spec: {getattr(e, 'strerror', None) or e}") \
+            from None
+    spec, problems = parse_text(text, str(path))
     if problems:
         more = len(problems) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""

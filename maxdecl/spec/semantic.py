@@ -17,43 +17,26 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import sys
 from types import MappingProxyType
 
+from .. import blocks
 from ..errors import SpecError
-from ..signatures import BUILTIN_ENCODINGS, REQUIRED, SIGNATURES, OpSig
+from ..ops import _registry
+from ..ops._registry import REQUIRED
 from .expr import ExprError, evaluate, is_template, render, split_template
 from .marks import RawProblem, nearest_mark, pointer_escape
-from .model import (BlockDecl, IODecl, LayerDecl, PConst, PInput, PLayer, POp, Pos, Program,
-                    PWeight, Ref, Spec)
-from .parse import parse  # noqa: F401  (re-exported: semantic.parse)
-
-# Spec-level conveniences the builder lowers to registry ops (not model-specific):
-# linear(x, w, bias?) = x @ w.T (+ bias): qmatmul when w is quantized, else matmul.
-SPEC_OPS: dict[str, OpSig] = {
-    "linear": OpSig(("x", "w"), optional=("bias",),
-                    doc="x @ w.T (+ bias); w [N, K] quantized or float"),
-}
+from .typecheck import TypeEnv
+from .decls import (BlockDecl, IODecl, LayerDecl, PConst, PInput, PLayer, POp, Pos, Program,
+                    PWeight, Ref)
 
 _DTYPES = {"float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool",
            "f32", "f16", "bf16", "i8", "u8", "i32", "i64"}
 
 
-def op_signature(name: str) -> OpSig | None:
-    """The signature of op ``name`` (registry table or spec-level op), or None."""
-    return SPEC_OPS.get(name) or SIGNATURES.get(name)
-
-
 def known_encodings() -> dict[str, tuple[int, int]]:
     """Encoding name -> (block_elements, block_bytes): built-ins plus any already
     registered with ``md.codecs`` (checked without importing NumPy)."""
-    out = dict(BUILTIN_ENCODINGS)
-    codecs = sys.modules.get("maxdecl.codecs")
-    if codecs is not None:
-        for n in codecs.names():
-            enc = codecs.get(n)
-            out.setdefault(n, (int(enc.block_elements), int(enc.block_bytes)))
-    return out
+    return blocks.known()
 
 
 def _hint(word, choices) -> str:
@@ -126,6 +109,10 @@ class Expander:
         self.layer_outputs: list = []
         self._vid = 0
         self._at: dict = {}
+        # types are checked against the spec's encodings; weights that bring their own
+        # are checked by the graph as md.build adds each node (the same rules)
+        self.types = TypeEnv(spec.dims) if check_encodings else None
+        self.input_types: dict[str, object] = {}
 
     # helpers
     def problem(self, pos: Pos, message: str) -> None:
@@ -202,6 +189,8 @@ class Expander:
                 self.problem(c.pos, f"constant {c.name!r} has the name of a graph input")
             vid = self.new_value(c.name)
             self.globals[c.name] = vid
+            if value is not None and self.types is not None:
+                self.types.constant(vid, value, c.dtype or _default_dtype(value))
             if value is not None:
                 self.steps.append(PConst(c.name, value, c.dtype or _default_dtype(value), vid,
                                          c.pos))
@@ -263,11 +252,18 @@ class Expander:
             return   # the schema reports it
         shape = self.shape(io.shape, env, f"{io.pos.ptr}/shape", symbolic=True)
         self.steps.append(PInput(full, io.dtype, shape or (), vid, path, io.pos))
+        if shape is not None and self.types is not None:
+            self.types.input(vid, io.dtype, shape)
+            self.input_types[full] = self.types.values.get(vid)
 
     def add_output(self, name: str, vid: int, pos: Pos, into: list):
         if any(n == name for n, _ in self.root_outputs + self.layer_outputs):
             self.problem(pos, f"graph output {name!r} is declared twice")
             return
+        if self.types is not None and name in self.input_types:
+            why = self.types.state_mismatch(self.input_types[name], self.types.values.get(vid))
+            if why:
+                self.problem(pos, f"state output {name!r} {why}")
         into.append((name, vid))
 
     def lookup(self, name: str, ns: dict, pos: Pos):
@@ -366,6 +362,8 @@ class Expander:
                                         "`encodings.overrides`")
             absent = self.absent(w, full, shape, env)
             pw = PWeight(full, shape or (), enc or "f32", path, w.pos, absent)
+            if self.types is not None and enc is not None:
+                self.types.weight(full, shape, enc)
             self.weights[full] = pw
             self.steps.append(pw)
             local[w.local] = full
@@ -498,17 +496,18 @@ class Expander:
 
     def op(self, decl: LayerDecl, path, env, ns, wscope):
         opos = self.at(f"{decl.pos.ptr}/op")
-        sig = op_signature(decl.op)
+        opdef = _registry.REGISTRY.get(decl.op)
+        n_problems = len(self.problems)
         refs = [self.ref(raw, pos, env, ns, wscope) for raw, pos in decl.ins]
         outs = [n for n, _ in decl.outs]
-        if sig is None:
-            known = sorted(set(SIGNATURES) | set(SPEC_OPS))
+        if opdef is None or opdef.kind == "leaf":
+            known = _registry.spec_ops()
             self.problem(opos, f"unknown op {decl.op!r}{_hint(decl.op, known)}")
             self.bind(outs, ns)
             return
         ipos = self.at(f"{decl.pos.ptr}/in")
-        lo, hi = sig.arity()
-        names = list(sig.inputs) + [f"{n}?" for n in sig.optional]
+        lo, hi = opdef.arity()
+        names = list(opdef.inputs) + [f"{n}?" for n in opdef.optional]
         if len(refs) < lo or (hi is not None and len(refs) > hi):
             want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"{lo}+"
             self.problem(ipos if decl.ins else decl.pos,
@@ -516,20 +515,25 @@ class Expander:
                          f"({', '.join(names)}), got {len(refs)}")
         attrs = {}
         for key, raw, vpos, kpos in decl.attrs:
-            if key not in sig.attrs:
-                known = ", ".join(sig.attrs) or "none"
+            if key not in opdef.attrs:
+                known = ", ".join(opdef.attrs) or "none"
+                extra = (f" ({key!r} is an input of {decl.op}: list it in `in:`)"
+                         if key in (*opdef.inputs, *opdef.optional) else "")
                 self.problem(kpos, f"unknown attribute {key!r} for {decl.op} (known: {known})"
-                                   + _hint(key, sig.attrs))
+                                   + _hint(key, opdef.attrs) + extra)
                 continue
             try:
                 attrs[key] = render(raw, env)
             except ExprError as e:
                 self.problem(vpos, f"attribute {key!r}: {e}")
+                continue
+            if key in opdef.dim_attrs and self.types is not None:
+                self.check_dim_attr(decl.op, key, attrs[key], env, vpos)
         written = {k for k, *_ in decl.attrs}
-        for key, default in sig.attrs.items():
+        for key, default in opdef.attrs.items():
             if default is REQUIRED and key not in written:
                 self.problem(opos, f"{decl.op} needs attribute {key!r}")
-        n_out = self.n_outputs(decl.op, sig, refs, attrs)
+        n_out = opdef.n_outputs(len(refs), attrs)
         if n_out is not None and decl.outs and len(outs) != n_out:
             self.problem(self.at(f"{decl.pos.ptr}/out"),
                          f"{decl.op} here returns {n_out} output{'s' if n_out != 1 else ''}, "
@@ -539,17 +543,22 @@ class Expander:
         vids = self.bind(outs, ns)
         if all(r is not None for r in refs):
             self.steps.append(POp(decl.op, path, tuple(refs), tuple(vids),
-                                  MappingProxyType(attrs), decl.pos))
+                                  MappingProxyType(attrs), opos))
+            if self.types is not None and len(self.problems) == n_problems:
+                why = self.types.op(decl.op, refs, attrs, vids, ".".join(path))
+                if why:
+                    self.problem(opos, why)
 
-    @staticmethod
-    def n_outputs(op, sig, refs, attrs):
-        if sig.outputs is not None:
-            return sig.outputs
-        if op == "attention":
-            return 2 if len(refs) >= 4 else 1
-        if op == "split" and isinstance(attrs.get("sizes"), list):
-            return len(attrs["sizes"])
-        return None
+    def check_dim_attr(self, op: str, key: str, value, env, pos: Pos) -> None:
+        """Every name in a dims attribute (a reshape's shape) is a declared dim."""
+        for name in self.types.undeclared(value):
+            if name in env:
+                fix = f"; {name!r} is a parameter: write \"{{{name}}}\" for its value"
+            else:
+                fix = _hint(name, list(self.spec.dims) + list(env))
+            declared = ", ".join(self.spec.dims) or "none"
+            self.problem(pos, f"{op}: {key}: {name!r} is not a declared dim (dims: "
+                              f"{declared}){fix}")
 
     def bind(self, names, ns) -> list[int]:
         vids = []

@@ -121,10 +121,9 @@ def test_tied_output_reuses_token_embd(case):
         s = session(case[fmt])
         assert ("output.weight" in s.weights) != tied
         assert ("output.weight" in s.graph.weights) != tied
-        (mm,) = [n for n in s.graph.nodes if n.layer == "output" and n.op == "matmul"]
-        (t,) = [n for n in s.graph.nodes if n.op == "transpose" and mm.inputs[1] in n.outputs]
-        assert t.inputs[0].node.attrs["name"] == ("token_embd.weight" if tied
-                                                  else "output.weight")
+        (lin,) = [n for n in s.graph.nodes if n.layer == "output" and n.op == "linear"]
+        assert lin.inputs[1].node.attrs["name"] == ("token_embd.weight" if tied
+                                                    else "output.weight")
 
 
 @pytest.mark.parametrize("kind", ["scaled", "scaled_tied"])
@@ -160,6 +159,7 @@ def test_q8_0_gguf_with_tied_quantized_embedding(tmp_path):
     ref = hf_logits(model, ids)
     s = session(llama_to_gguf(model, tmp_path / "q8_0.gguf", quantize=q8_0))
     assert s.weights["token_embd.weight"].encoding == "q8_0"
-    assert any(n.op == "qmatmul" and n.layer == "output" for n in s.graph.nodes)
+    assert any(n.op == "linear" and n.layer == "output" and n.inputs[1].encoding == "q8_0"
+               for n in s.graph.nodes)
     pre, dec = compare(s, ref, ids)
     assert pre <= TOL and dec <= TOL

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.signatures import SIGNATURES
+from maxdecl.ops import _registry
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def swiglu():
 
 
 def test_custom_with_infer_and_signature(swiglu):
-    sig = SIGNATURES["test_swiglu"]
+    sig = _registry.get("test_swiglu")
     assert sig.inputs == ("gate", "up") and sig.doc.startswith("SwiGLU")
     g = md.Graph("t", [md.TensorType("float32", ("seq", 8))] * 2)
     (y,) = md.ops.custom("test_swiglu", g.inputs)
@@ -60,7 +60,6 @@ def test_custom_name_clash():
 
 def test_entry_point_ops_load_on_demand(monkeypatch):
     """An op from an installed package (group maxdecl.ops) is found by name."""
-    from maxdecl.ops import _registry
 
     class EP:
         def load(self):

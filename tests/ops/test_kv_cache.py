@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from maxdecl.ops.kv_cache import KVCache, append_kv
+from maxdecl.kernels.kv_cache import KVCache, append_kv
 
 
 def _concat(past, k, v):

@@ -181,7 +181,7 @@ def test_registered_encodings_are_known(tmp_path):
         def dequantize(self, data, shape):
             return np.zeros(shape, np.float32)
 
-    text = (ROOT / "specs/mlp.yaml").read_text().replace("default: f32", "default: test_q16")
+    text = (ROOT / "specs/mlp.yaml").read_text().replace("default: f32", "default: test_q16\n  overrides: {'*.bias': f32}")
     path = tmp_path / "custom.yaml"
     path.write_text(text)
     assert "unknown encoding 'test_q16'" in md.validate_spec(path)[0].message

@@ -1,0 +1,64 @@
+"""Runtime of the linear-algebra ops (``maxdecl.ops.linalg``): matmul through NumPy's
+BLAS, qmatmul and quantized linear through the packed-block kernels of ``qmatmul``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import codecs
+from ..dtypes import format_shape
+from ..tensors import QuantizedTensor
+from . import qmatmul as kq
+
+_KERNELS_FOR: dict = {}   # encoding object -> whether the packed-block kernels apply
+
+
+def _block_kernels(enc) -> bool:
+    ok = _KERNELS_FOR.get(enc)
+    if ok is None:
+        ok = _KERNELS_FOR[enc] = kq.has_kernel(str(enc.name), int(enc.block_elements),
+                                               int(enc.block_bytes))
+    return ok
+
+
+def qmatmul(x, qt):
+    """``x @ dequantize(qt).T`` for a QuantizedTensor ``qt`` ``[N, K]``."""
+    n, k = qt.shape
+    enc = codecs.get(qt.encoding)
+    if (x.ndim == 2 and x.shape[0] == 1 and x.shape[1] == k and n and x.dtype == np.float32
+            and x.flags.c_contiguous and _block_kernels(enc)):     # decode: keep it lean
+        return kq.qmatmul_blocks(x, np.ascontiguousarray(qt.data), qt.encoding)
+    if x.shape[-1] != k:
+        raise ValueError(f"x{format_shape(x.shape)} vs w{format_shape(qt.shape)}: "
+                         "K must match")
+    lead = x.shape[:-1]
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
+    if x2.shape[0] == 0 or n == 0:
+        return np.zeros((*lead, n), np.float32)
+    w = np.ascontiguousarray(qt.data)
+    if _block_kernels(enc):
+        out = kq.qmatmul_blocks(x2, w, qt.encoding)
+    else:
+        def decode(r0, r1, tile):
+            tile[...] = np.asarray(enc.dequantize(w[r0:r1], (r1 - r0, k)),
+                                   np.float32).reshape(r1 - r0, k)
+        out = kq.tiled_matmul(x2, n, decode)
+    return out.reshape(*lead, n)
+
+
+def _linear(args, attrs):
+    x, w, *bias = args
+    if isinstance(w, QuantizedTensor):
+        y = qmatmul(x, w)
+    else:
+        y = np.matmul(x, np.ascontiguousarray(w.T))
+    if bias:
+        y = y + bias[0]
+    return [np.asarray(y)]
+
+
+RUN = {
+    "matmul": lambda args, attrs: [np.asarray(np.matmul(args[0], args[1]))],
+    "qmatmul": lambda args, attrs: [qmatmul(args[0], args[1])],
+    "linear": _linear,
+}

@@ -1,0 +1,48 @@
+"""Runtime of the reductions (``maxdecl.ops.reduction``): NumPy, and the numba softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import softmax as _softmax_kernel
+
+
+def _np_axis(axis):
+    return axis  # None, int or tuple: NumPy takes all three
+
+
+def _sum_run(args, attrs):
+    x = args[0]
+    acc = np.float32 if x.dtype.kind == "f" else x.dtype
+    out = np.sum(x, axis=_np_axis(attrs["axis"]), dtype=acc, keepdims=attrs["keepdims"])
+    return [np.asarray(out).astype(x.dtype, copy=False)]
+
+
+def _mean_run(args, attrs):
+    x = args[0]
+    out = np.mean(x, axis=_np_axis(attrs["axis"]), dtype=np.float32, keepdims=attrs["keepdims"])
+    return [np.asarray(out).astype(x.dtype, copy=False)]
+
+
+def _max_run(args, attrs):
+    x = args[0]
+    return [np.asarray(np.max(x, axis=_np_axis(attrs["axis"]), keepdims=attrs["keepdims"]))]
+
+
+def _argmax_run(args, attrs):
+    x = args[0]
+    # first index of the maximum, as torch and NumPy (a NaN counts as the maximum)
+    out = np.argmax(x, axis=attrs["axis"], keepdims=attrs["keepdims"])
+    return [np.asarray(out, dtype=np.int64)]
+
+
+def _softmax_run(args, attrs):
+    x = args[0]
+    axis = attrs["axis"] % x.ndim
+    moved = np.moveaxis(x, axis, -1)
+    out = _softmax_kernel.softmax_lastdim(np.ascontiguousarray(moved, dtype=np.float32)).astype(x.dtype)
+    return [np.moveaxis(out, -1, axis)]
+
+
+RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "argmax": _argmax_run,
+       "softmax": _softmax_run}

@@ -1,0 +1,149 @@
+"""Continuous batching: several sequences decode together through one compiled graph.
+
+Each step runs the rows of every active sequence at once (``CompiledGraph`` with
+``rows=``): the weights are read once per step for all of them, each sequence keeps
+its own KV cache and position, a sequence that finishes frees its slot and a waiting
+one joins. A new sequence is prefilled in a step of its own (prefill is compute-bound,
+and its logits then equal a solo prefill's); decode steps take up to
+``GEMV_MAX_ROWS`` sequences, whose rows the GEMV kernels compute exactly as one row
+alone, so greedy ids equal each prompt's solo ids.
+
+The graph convention is the generation loop's (``maxdecl.pipelines.generate``): inputs
+``tokens`` and ``positions`` (and optionally ``logit_rows``), output ``logits``, every
+other input a state fed back by the output of the same name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import MaxdeclError
+from ..kernels.config import GEMV_MAX_ROWS     # decode rows per step that keep solo numerics
+from ..runtime import PerSequence
+
+ROW_INPUTS = ("tokens", "positions", "logit_rows")
+
+
+@dataclass
+class Request:
+    """One sequence to generate: prompt ids, a sampler ``logits_row -> id`` (it may keep
+    its own RNG and history), a length limit, stop ids and an optional ``on_token(id)``
+    that returns True to stop (a stop string was completed, the client went away)."""
+
+    prompt: list
+    sample: Callable
+    max_new_tokens: int
+    stop_ids: frozenset = frozenset()
+    on_token: Callable | None = None
+    ids: list = field(default_factory=list)
+    finish_reason: str = ""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    _state: dict | None = None
+    _pos: int = 0
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+
+class BatchRunner:
+    """Runs ``Request``s through ``compiled`` (a ``CompiledGraph`` of a language model),
+    up to ``max_batch`` decoding together."""
+
+    def __init__(self, compiled, max_batch: int = 8):
+        names = list(compiled.input_names)
+        outs = list(compiled.output_names)
+        for need in ("tokens", "positions"):
+            if need not in names:
+                raise MaxdeclError(f"{compiled.name}: batching needs a graph input {need!r}")
+        if "logits" not in outs:
+            raise MaxdeclError(f"{compiled.name}: batching needs a graph output 'logits'")
+        if not 1 <= int(max_batch) <= 1024:
+            raise MaxdeclError(f"max_batch must be in 1..1024, got {max_batch}")
+        self.compiled, self.max_batch = compiled, int(max_batch)
+        self._names, self._logits = names, outs.index("logits")
+        self._states = [n for n in names if n not in ROW_INPUTS]
+        missing = [n for n in self._states if n not in outs]
+        if missing:
+            raise MaxdeclError(f"{compiled.name}: state inputs {missing} have no output of "
+                               "the same name to feed them")
+        self._state_out = {n: outs.index(n) for n in self._states}
+        self._types = dict(zip(names, compiled.input_types))
+
+    def zero_state(self) -> dict:
+        """Empty states: each state input with its symbolic dims set to 0."""
+        return {n: np.zeros(tuple(0 if isinstance(d, str) else d
+                                  for d in self._types[n].shape), self._types[n].dtype.numpy)
+                for n in self._states}
+
+    def run(self, requests) -> list:
+        """Generate every request (continuous batching); returns them, finished."""
+        waiting, active = deque(requests), []
+        while waiting or active:
+            if waiting and len(active) < self.max_batch:
+                r = waiting.popleft()
+                self._prefill(r)
+                if not r.done:
+                    active.append(r)
+            if active:
+                for k in range(0, len(active), GEMV_MAX_ROWS):
+                    self._decode(active[k:k + GEMV_MAX_ROWS])
+                active = [r for r in active if not r.done]
+        return list(requests)
+
+    def _call(self, tokens, positions, logit_rows, states, rows):
+        feed = {"tokens": np.asarray(tokens, np.int64),
+                "positions": np.asarray(positions, np.int64),
+                "logit_rows": np.asarray(logit_rows, np.int64), **states}
+        outs = self.compiled(*(feed[n] for n in self._names), rows=rows)
+        logits = outs[self._logits]
+        if "logit_rows" not in self._names:            # every row came back: keep the lasts
+            logits = logits[np.cumsum(rows) - 1]
+        return logits, outs
+
+    def _prefill(self, r: Request) -> None:
+        if not r.prompt:
+            raise MaxdeclError("the prompt is empty (no tokens to start from)")
+        t0 = time.perf_counter()
+        n = len(r.prompt)
+        zero = self.zero_state()
+        logits, outs = self._call(r.prompt, np.arange(n), [n - 1],
+                                  {k: PerSequence([v]) for k, v in zero.items()}, [n])
+        r._state = {k: outs[i][0] for k, i in self._state_out.items()}
+        r._pos = n
+        r.prefill_s += time.perf_counter() - t0
+        self._take(r, logits[0])
+
+    def _decode(self, batch: list) -> None:
+        t0 = time.perf_counter()
+        states = {k: PerSequence(r._state[k] for r in batch) for k in self._states}
+        logits, outs = self._call([r.ids[-1] for r in batch], [r._pos for r in batch],
+                                  np.arange(len(batch)), states, [1] * len(batch))
+        dt = (time.perf_counter() - t0) / len(batch)
+        for j, r in enumerate(batch):
+            r._state = {k: outs[i][j] for k, i in self._state_out.items()}
+            r._pos += 1
+            r.decode_s += dt
+            self._take(r, logits[j])
+
+    @staticmethod
+    def _take(r: Request, row) -> None:
+        """Sample the next id of ``r`` and decide whether it is finished."""
+        if r.max_new_tokens <= 0:
+            r.finish_reason = "length"
+            return
+        nxt = int(r.sample(row))
+        if nxt in r.stop_ids:
+            r.finish_reason = "stop"
+            return
+        r.ids.append(nxt)
+        if r.on_token is not None and r.on_token(nxt):
+            r.finish_reason = "stop"
+        elif len(r.ids) >= r.max_new_tokens:
+            r.finish_reason = "length"

@@ -1,0 +1,290 @@
+"""``md.compile(graph, weights)``: a graph planned once, its weights checked and bound.
+
+The compiled object owns everything a run needs (the graph itself only builds and
+type-checks): the execution plan (generated Python, one local per value and one line
+per node, each intermediate deleted after its last use: a decode step runs ~400
+nodes, and interpreting them from a table cost ~5 us of bookkeeping each), the
+runtime function of every node (imported from ``maxdecl.kernels`` here, the first
+time numba loads), and the weights bound to the graph's ``weight`` nodes, checked
+once. Every failure is a ``GraphError`` naming the node's spec position, layer
+path, op and the runtime types of its inputs.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import dims
+from .dtypes import format_shape
+from .errors import GraphError, MaxdeclError
+from .ops import _registry
+from .tensors import QuantizedTensor
+
+
+def describe_value(v) -> str:
+    """``float32[2, 16]`` or ``q4_k[1024, 4096]`` for a runtime array (or a Value)."""
+    if isinstance(v, QuantizedTensor):
+        return f"{v.encoding}{format_shape(v.shape)}"
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype.name}{format_shape(v.shape)}"
+    t = getattr(v, "type", None)
+    return str(t) if t is not None else type(v).__name__
+
+
+class PerSequence(list):
+    """One array per sequence of a batch: a state input or output (a KV cache each)."""
+
+
+class CompiledGraph:
+    """A runnable graph: ``compiled(*inputs) -> list[np.ndarray]``.
+
+    **Batches of sequences** (``compiled(*inputs, rows=[n_1, ..., n_B])``): the row
+    inputs hold the rows of B sequences one after the other along axis 0 (``tokens``,
+    ``positions``: ``sum(rows)`` of them) and every state input is a ``PerSequence``
+    list with one array per sequence (its own KV cache, its own ``past``). Row-wise
+    ops (linear, norms, activations, rope, ...) run once over all the rows, so a
+    weight is read once per step for the whole batch; ops that mix positions along
+    the sequence (``attention``: ``OpDef.sequence_axis``) run once per sequence on its
+    rows and state. State outputs come back as ``PerSequence`` lists.
+
+    Example::
+
+        run = md.compile(g, weights=td)
+        (y,) = run(np.ones((2, 16), np.float32))
+    """
+
+    def __init__(self, graph, weights=None):
+        if not graph.outputs:
+            raise GraphError(f"{graph.name}: no outputs; call graph.output(...) first")
+        if weights is not None and not isinstance(weights, Mapping):
+            raise GraphError(f"{graph.name}: weights must be a TensorDict or mapping of name "
+                             f"-> array, got {type(weights).__name__}")
+        self.name = graph.name
+        self.input_types = [v.type for v in graph.inputs]
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = list(graph.output_names)
+        self.weights = weights
+        self._nodes = [n for n in graph.nodes if n.op != "weight"]
+        weight_nodes = [n for n in graph.nodes if n.op == "weight"]
+        self._bound = [_bind_weight(n, weights) for n in weight_nodes]
+        self._run = _generate(graph, weight_nodes, self._nodes)
+
+    def __call__(self, *inputs, rows=None) -> list:
+        arrays = [a if isinstance(a, (QuantizedTensor, PerSequence)) else np.asanyarray(a)
+                  for a in inputs]
+        if rows is None:
+            bind_inputs(self, arrays)
+        else:
+            rows = _check_batch(self, arrays, rows)
+        env = arrays + self._bound
+        try:
+            return self._run(env, rows)
+        except Exception as e:  # noqa: BLE001 - one error type out of a run
+            i, args = _failed_step(e, self._run)
+            if i is None:
+                raise
+            node = self._nodes[i]
+            if isinstance(e, MaxdeclError):
+                raise GraphError(f"{node.where()}: {e}") from e
+            ins = ", ".join(describe_value(a) for a in args)
+            raise GraphError(f"{node.where()}: {type(e).__name__}: {e} (inputs: {ins})") from e
+
+    def __repr__(self) -> str:
+        return f"CompiledGraph({self.name!r}, {len(self._nodes)} nodes)"
+
+
+def compile(graph, weights=None) -> CompiledGraph:  # noqa: A001 - the public md.compile
+    """Plan ``graph``, check and bind ``weights`` (a TensorDict or mapping) to its
+    declared ``g.weight`` names; returns a ``CompiledGraph`` to call with inputs.
+
+    Raises:
+        GraphError: no outputs, a weight missing, of the wrong encoding, dtype or shape.
+    """
+    return CompiledGraph(graph, weights)
+
+
+def bind_inputs(compiled, arrays, skip=()) -> dict:
+    """Check runtime inputs against the input types; returns ``{symbol: size}``.
+
+    Every symbolic dim takes one size across all inputs (``seq`` of tokens and of
+    positions); a compound dim (``past+seq``) must equal its value from the others.
+    Inputs at the indices in ``skip`` are checked elsewhere (per sequence).
+    """
+    name, types = compiled.name, compiled.input_types
+    if len(arrays) != len(types):
+        raise GraphError(f"{name}: expected {len(types)} inputs, got {len(arrays)}")
+    symbols: dict[str, int] = {}
+    compound = []
+    for i, a in enumerate(arrays):
+        if i not in skip:
+            compound += _bind_one(compiled, i, a, symbols)
+    for label, want, got in compound:
+        value = dims.evaluate(want, symbols)
+        if value is not None and value != got:
+            raise GraphError(f"{name}: {label}: dim {want!r} is {value} by the other inputs "
+                             f"but {got} here")
+    return symbols
+
+
+def _bind_one(compiled, i, a, symbols) -> list:
+    """Check input ``i`` (dtype, rank, static dims), binding its simple symbolic dims in
+    ``symbols``; returns its compound dims ``(label, dim, size)`` to check afterwards."""
+    name, t = compiled.name, compiled.input_types[i]
+    label = compiled.input_names[i] or f"input {i}"
+    if not isinstance(a, (np.ndarray, QuantizedTensor)):
+        raise GraphError(f"{name}: {label}: expected an array {t}, got {type(a).__name__}")
+    if not isinstance(a, QuantizedTensor) and a.dtype != t.dtype.numpy:
+        raise GraphError(f"{name}: {label}: expected {t}, got "
+                         f"{a.dtype.name}{format_shape(a.shape)}")
+    if len(a.shape) != len(t.shape):
+        raise GraphError(f"{name}: {label}: expected rank {len(t.shape)} {t}, "
+                         f"got shape {format_shape(a.shape)}")
+    compound = []
+    for want, got in zip(t.shape, a.shape):
+        if isinstance(want, int):
+            if want != got:
+                raise GraphError(f"{name}: {label}: expected {t}, got shape "
+                                 f"{format_shape(a.shape)}")
+        elif dims.poly(want) == {(want,): 1}:
+            if symbols.setdefault(want, got) != got:
+                raise GraphError(f"{name}: {label}: dim {want!r} is {symbols[want]} "
+                                 f"elsewhere but {got} here")
+        else:
+            compound.append((label, want, got))
+    return compound
+
+
+def _check_batch(compiled, arrays, rows) -> list:
+    """Check a batch: ``rows`` positive ints; row inputs bound like plain inputs; each
+    ``PerSequence`` input one array of its input's type per sequence (its own ``past``)."""
+    rows = [int(r) for r in rows]
+    if not rows or any(r < 1 for r in rows):
+        raise GraphError(f"{compiled.name}: rows must be positive row counts, one per "
+                         f"sequence, got {rows}")
+    per = set()
+    for i, a in enumerate(arrays):
+        if isinstance(a, PerSequence):
+            per.add(i)
+            label = compiled.input_names[i] or f"input {i}"
+            if len(a) != len(rows):
+                raise GraphError(f"{compiled.name}: {label}: {len(a)} arrays for "
+                                 f"{len(rows)} sequences")
+            arrays[i] = PerSequence(np.asanyarray(x) for x in a)
+            for each in arrays[i]:
+                _bind_one(compiled, i, each, {})
+    bind_inputs(compiled, arrays, skip=per)
+    return rows
+
+
+def _bind_weight(node, weights):
+    name = node.attrs["name"]
+    if weights is None or name not in weights:
+        raise GraphError(f"{node.where()}: weight {name!r} is not bound "
+                         "(pass weights=TensorDict with that name)")
+    w = weights[name]
+    t = node.attrs["type"]
+    enc = node.attrs["encoding"]
+    if enc is not None:
+        if not isinstance(w, QuantizedTensor) or w.encoding != enc:
+            got = w.encoding if isinstance(w, QuantizedTensor) else describe_value(w)
+            raise GraphError(f"{node.where()}: weight {name!r} must be {enc}, got {got}")
+    elif isinstance(w, QuantizedTensor):
+        raise GraphError(f"{node.where()}: weight {name!r} is {w.encoding}, "
+                         f"expected unquantized {t}")
+    elif not isinstance(w, np.ndarray):
+        raise GraphError(f"{node.where()}: weight {name!r} must be a NumPy array or a "
+                         f"QuantizedTensor, got {type(w).__name__}")
+    elif w.dtype != t.dtype.numpy:
+        raise GraphError(f"{node.where()}: weight {name!r} is {w.dtype.name}, expected {t}")
+    shape = w.shape
+    if len(shape) != len(t.shape) or any(isinstance(d, int) and d != s
+                                         for d, s in zip(t.shape, shape)):
+        raise GraphError(f"{node.where()}: weight {name!r} has shape {format_shape(shape)}, "
+                         f"expected {format_shape(t.shape)}")
+    return w
+
+
+def _generate(graph, weight_nodes, nodes):
+    """``run(env)``: Python generated from the graph; ``env`` holds the inputs, then the
+    bound weights, in the order of ``graph.inputs`` and ``weight_nodes``."""
+    from . import kernels  # noqa: F401  (numba's NumPy support, loaded the fast way)
+
+    slot: dict[int, int] = {}
+
+    def v(value) -> str:
+        return f"v{slot.setdefault(id(value), len(slot))}"
+
+    loaded = [v(x) for x in graph.inputs] + [v(n.outputs[0]) for n in weight_nodes]
+    last = {}
+    for i, n in enumerate(nodes):
+        for x in n.inputs:
+            last[v(x)] = i
+    keep = {v(x) for x in graph.outputs}
+    lines = ["def run(env, rows):"]
+    lines += [f"    {name} = env[{k}]" for k, name in enumerate(loaded)]
+    for i, n in enumerate(nodes):
+        outs = ", ".join(v(x) for x in n.outputs)
+        lines.append(f"    _i = {i}")
+        lines.append(f"    _args = [{', '.join(v(x) for x in n.inputs)}]")
+        call = (f"_per_sequence(_run[{i}], _args, _attrs[{i}], _defs[{i}], rows)"
+                if _registry.get(n.op).sequence_axis is not None else f"_run[{i}](_args, _attrs[{i}])")
+        lines.append(f"    {outs}, = {call}" if n.outputs else f"    {call}")
+        dead = [name for name, at in last.items() if at == i and name not in keep]
+        if dead:
+            lines.append(f"    del {', '.join(sorted(dead))}")
+    lines.append(f"    return [{', '.join(v(x) for x in graph.outputs)}]")
+    scope = {"_run": [_registry.get(n.op).runner() for n in nodes],
+             "_attrs": [n.attrs for n in nodes], "_defs": [_registry.get(n.op) for n in nodes],
+             "_per_sequence": _per_sequence}
+    exec(builtins.compile("\n".join(lines), f"<maxdecl plan of {graph.name}>", "exec"), scope)
+    return scope["run"]
+
+
+def _per_sequence(fn, args, attrs, opdef, rows):
+    """Run a sequence-mixing op once per sequence of a batch: row inputs cut along
+    ``opdef.sequence_axis`` by ``rows``, ``PerSequence`` inputs taken per sequence; row
+    outputs joined again, state outputs returned as ``PerSequence``."""
+    if rows is None:
+        if any(isinstance(a, PerSequence) for a in args):
+            raise ValueError("a PerSequence state needs rows= (one row count per sequence)")
+        return fn(args, attrs)
+    axis = opdef.sequence_axis
+    names = list(opdef.inputs) + list(opdef.optional)
+    state_out = {opdef.state[n] for n in names[:len(args)] if n in opdef.state}
+    for a in args:
+        if isinstance(a, PerSequence):
+            if len(a) != len(rows):
+                raise ValueError(f"a state of {len(a)} sequences in a batch of {len(rows)}")
+        elif isinstance(a, np.ndarray) and a.ndim >= -axis and a.shape[axis] != sum(rows):
+            raise ValueError(f"{a.shape[axis]} rows along axis {axis}, but the batch has "
+                             f"{sum(rows)} ({rows})")
+    outs, start = [], 0
+    for k, n in enumerate(rows):
+        cut = []
+        for a in args:
+            if isinstance(a, PerSequence):
+                cut.append(a[k])
+            elif isinstance(a, np.ndarray) and a.ndim >= -axis:
+                index = [builtins.slice(None)] * a.ndim
+                index[axis] = builtins.slice(start, start + n)
+                cut.append(a[tuple(index)])
+            else:
+                cut.append(a)
+        outs.append(fn(cut, attrs))
+        start += n
+    return [PerSequence(o[j] for o in outs) if j in state_out
+            else np.concatenate([o[j] for o in outs], axis=axis) for j in range(len(outs[0]))]
+
+
+def _failed_step(e: BaseException, run):
+    """(node index, its input values) of the generated ``run`` frame an error left."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is run.__code__:
+            loc = tb.tb_frame.f_locals
+            return loc.get("_i"), loc.get("_args", [])
+        tb = tb.tb_next
+    return None, []

@@ -1,0 +1,65 @@
+"""Static checking stays light and documented: ``maxdecl validate`` imports no NumPy or
+numba and stays fast; the op reference in docs/ops.md is generated from the op
+definitions; the spec layer and the op definitions use no NumPy."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from maxdecl.ops.reference import reference_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = sorted(str(p) for p in (ROOT / "specs").glob("*.yaml"))
+
+
+def test_validate_imports_no_numpy_or_numba_and_is_fast():
+    """The shipped specs validate (type checks included) in one process; the CPU time
+    of import + validate is measured in the child (wall time here is noisy: 2 shared
+    cores), with a generous bound: the target is < 0.3 s (bench/validate.py)."""
+    code = ("import resource, sys, time\n"
+            "from maxdecl.cli import main\n"
+            f"rc = main(['validate', *{SPECS!r}])\n"
+            "ru = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "print(json.dumps({'rc': rc, 'cpu': ru.ru_utime + ru.ru_stime,\n"
+            "  'numpy': 'numpy' in sys.modules, 'numba': 'numba' in sys.modules}))\n")
+    out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0, out.stderr
+    assert not got["numpy"] and not got["numba"]
+    assert got["cpu"] < 1.5, f"validate of {len(SPECS)} specs took {got['cpu']:.2f} s CPU"
+
+
+def test_op_reference_is_generated_from_the_definitions():
+    assert (ROOT / "docs" / "ops.md").read_text() == reference_markdown(), \
+        "docs/ops.md is stale: python -m maxdecl ops > docs/ops.md"
+
+
+def test_maxdecl_ops_prints_the_reference():
+    out = subprocess.run([sys.executable, "-m", "maxdecl", "ops"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout == reference_markdown()
+
+
+def test_op_definitions_and_dims_import_no_numpy():
+    code = ("import sys, maxdecl.ops, maxdecl.dims, maxdecl.spec.typecheck\n"
+            "assert 'numpy' not in sys.modules, 'numpy loaded'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
+
+
+def test_schema_file_carries_the_generated_op_and_encoding_names(tmp_path):
+    from maxdecl.spec.schema import SCHEMA
+    from maxdecl.spec.schema_gen import generate
+
+    assert SCHEMA == generate(SCHEMA), \
+        "maxdecl/schema/spec.schema.json is stale: regenerate it with schema_gen.generate"
+    layer = SCHEMA["$defs"]["layer"]
+    assert "rms_norm" in layer["properties"]["op"]["examples"]
+    rms = next(r for r in layer["allOf"] if r["if"]["properties"]["op"]["const"] == "rms_norm")
+    assert rms["then"]["properties"]["attrs"]["properties"]["epsilon"]["default"] == 1e-6
+    assert "q4_k" in SCHEMA["$defs"]["encoding"]["examples"]
+    out = tmp_path / "spec.schema.json"
+    done = subprocess.run([sys.executable, "-m", "maxdecl", "schema", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and json.loads(out.read_text()) == SCHEMA
