@@ -99,3 +99,13 @@ def test_quantize_by_spec_rules_then_run_from_checkpoint_alone(float_model, tmp_
                  "--prompt", "the dog"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "3 generated tokens" in last
+
+    # Moved away from its tokenizer.bin: a clear usage error, and --tokenizer fixes it.
+    os.remove(out_dir / "tokenizer.bin")
+    assert main(["run", SPEC, "--weights", str(out), "-n", "3", "-p", "the dog"]) == 2
+    assert "pass --tokenizer PATH" in capsys.readouterr().err
+    assert main(["run", SPEC, "--weights", str(out), "-n", "3", "-p", "the dog",
+                 "--tokenizer", str(float_model / "tokenizer.bin")]) == 0
+    out_text, err = capsys.readouterr()
+    assert "3 generated tokens" in out_text.splitlines()[-1]
+    assert f"from {float_model / 'tokenizer.bin'}" in err
