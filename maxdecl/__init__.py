@@ -32,7 +32,7 @@ _LAZY = {
     "CompiledGraph": ("runtime", "CompiledGraph"),
     "PerSequence": ("runtime", "PerSequence"),
     "load_weights": ("weights", "load_weights"),
-    "load_tokenizer": ("pipelines.tokenizer", "load_tokenizer"),
+    "load_tokenizer": ("pipelines.tokenizer_embed", "load_tokenizer"),
     "load_model": ("model", "load_model"),
     "Model": ("model", "Model"),
     "generate": ("model", "generate"),

@@ -39,18 +39,33 @@ _METADATA_KEY = "maxdecl.metadata"
 FORMAT_KEY = "maxdecl.format"   # TensorDict.metadata key naming the source format
 
 
-def save(td, path) -> None:
+def save(td, path, *, tokenizer=None, params=None) -> None:
     """Write ``td`` (a TensorDict or a mapping of names to tensors) to ``path``.
 
     Everything is checked before the first byte is written; the write goes to a
     temporary file in the same directory that is fsynced and renamed over
     ``path``, so ``path`` ends up either complete or untouched.
 
+    Args:
+        tokenizer: a Tokenizer or a tokenizer path (``.gguf``, ``tokenizer.bin``,
+            ``tokenizer.json``/HF dir) to carry in the metadata, so that
+            ``md.load_model(spec, path)`` and ``md.load_tokenizer(path)`` find it
+            (see ``pipelines.tokenizer_embed``).
+        params: resolved hyperparameters ``{name: value}`` to carry (metadata
+            ``"params"``), read back by ``md.load_model`` instead of the variant's.
+
     Raises:
         WeightsError: a tensor cannot be stored (unsupported dtype), metadata is
             not JSON-serialisable, or the file cannot be written.
     """
     path = os.fspath(path)
+    extra = {}
+    if tokenizer is not None:
+        from .pipelines.tokenizer_embed import tokenizer_to_metadata
+
+        extra.update(tokenizer_to_metadata(tokenizer))
+    if params is not None:
+        extra["params"] = dict(params)
     tensors = []
     encodings = {}
     for name, value in td.items():
@@ -77,6 +92,7 @@ def save(td, path) -> None:
     if encodings:
         metadata[_ENCODINGS_KEY] = json.dumps(encodings, separators=(",", ":"))
     user = {k: v for k, v in getattr(td, "metadata", {}).items() if k != FORMAT_KEY}
+    user.update(extra)
     if user:
         try:
             metadata[_METADATA_KEY] = json.dumps(user, default=_jsonable,

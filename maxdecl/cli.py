@@ -1,4 +1,5 @@
-"""The ``maxdecl`` command: validate | run | quantize | inspect | graph | schema | ops.
+"""The ``maxdecl`` command: validate | run | serve | chat | batch | quantize | export |
+inspect | graph | schema | ops.
 
 Each subcommand imports only what it needs (``validate`` never imports numba).
 Errors print one line (``file:line:col: message`` or the layer path) and no
@@ -40,6 +41,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+_QUANTIZE_EPILOG = """\
+encodings (--encoding):
+  q4_0 q5_0 q8_0 q4_k q6_k bf16  every float tensor of rank >= 2 (any case: Q8_0);
+                                 with --spec, the spec's encodings.overrides come first
+  spec                           the spec's own encodings rules (needs --spec)
+  Q4_K_M                         llama.cpp's mix: q4_k; q6_k for output.weight and for
+                                 attn_v/ffn_down of the layers llama.cpp picks; rows not
+                                 a multiple of 256 fall back to q5_0/q8_0 as llama.cpp does
+A run that quantizes nothing (e.g. q4_k on 288-wide rows) fails with exit 1; with --spec,
+SRC must hold exactly the spec's tensors (missing/unexpected names fail with exit 1).
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="maxdecl", description="Neural networks declared as YAML.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -47,8 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
     v = sub.add_parser("validate", help="check specs against the schema and semantic rules")
-    v.add_argument("specs", nargs="+", metavar="SPEC")
-    v.add_argument("--format", choices=["text", "json", "github"], default="text")
+    v.add_argument("specs", nargs="+", metavar="SPEC",
+                   help="spec files, or directories (every *.yaml / *.yml below, sorted)")
+    v.add_argument("--format", choices=["text", "json", "github"], default="text",
+                   help="output format; json/github also report I/O errors (exit 2) "
+                        "(default: %(default)s)")
 
     r = sub.add_parser("run", formatter_class=_Help,
                        help="generate text with a model spec, or run any spec on .npy inputs",
@@ -93,14 +110,74 @@ def _parser() -> argparse.ArgumentParser:
                    help="a graph input, for specs that are not language models (repeatable)")
     r.add_argument("--output", metavar="OUT.npz", help="save the outputs of --input runs")
 
-    q = sub.add_parser("quantize", help="quantize a checkpoint, safetensors or GGUF")
-    q.add_argument("src", metavar="SRC")
-    q.add_argument("-o", "--output", required=True, metavar="OUT.safetensors")
-    q.add_argument("--encoding", required=True, metavar="ENC")
-    q.add_argument("--spec", metavar="SPEC")
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the 'serve' extra)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sv.add_argument("spec", metavar="SPEC")
+    sv.add_argument("-m", "--weights", help="GGUF, safetensors, HF dir or llama2.c .bin "
+                    "(default: models/<spec name>/ or a known source)")
+    sv.add_argument("--variant", help="spec variant (default: the weights decide)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind")
+    sv.add_argument("--port", type=int, default=8080, help="TCP port")
+    sv.add_argument("--parallel", type=int, default=4, help="sequences decoded together")
+    sv.add_argument("--chat-template", metavar="FILE",
+                    help="Jinja chat template (default: the weights', else the spec's)")
+    sv.add_argument("--model-name", help="model id clients send (default: the spec's name)")
 
-    i = sub.add_parser("inspect", help="list a weights file's tensors")
+    ch = sub.add_parser("chat", help="interactive chat in the terminal",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ch.add_argument("spec", metavar="SPEC")
+    ch.add_argument("-m", "--weights", help="weights file or HF dir")
+    ch.add_argument("--variant", help="spec variant")
+    ch.add_argument("--chat-template", metavar="FILE", help="Jinja chat template")
+    ch.add_argument("--system", help="a system message to start with")
+    ch.add_argument("-n", "--max-new-tokens", type=int, default=256, help="tokens per reply")
+    ch.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0,
+                    help="sampling temperature (0 = greedy)")
+    ch.add_argument("-s", "--seed", type=int, default=0, help="sampling seed")
+
+    bt = sub.add_parser("batch", help="JSONL prompts in, JSONL results out (local or Ray)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    bt.add_argument("spec", metavar="SPEC")
+    bt.add_argument("-m", "--weights", help="weights file or HF dir")
+    bt.add_argument("--variant", help="spec variant")
+    bt.add_argument("--input", required=True, metavar="PROMPTS.jsonl",
+                    help='one {"id": ..., "prompt": ...} a line (+ optional OpenAI fields)')
+    bt.add_argument("--output", required=True, metavar="RESULTS.jsonl",
+                    help="results, one a line; ids already there are skipped (resume)")
+    bt.add_argument("--parallel", type=int, default=8, help="sequences decoded together")
+    bt.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run on Ray Data (a local Ray when no address is given)")
+    bt.add_argument("--ray-workers", type=int, default=1, help="model replicas on Ray")
+
+    q = sub.add_parser(
+        "quantize", help="quantize a checkpoint, safetensors, GGUF, HF dir or llama2.c .bin",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Re-encode SRC's tensors. The output (a maxdecl checkpoint, or a GGUF "
+                    "when OUT ends in .gguf) carries the tokenizer and the hyperparameters, "
+                    "so `maxdecl run SPEC --weights OUT` needs nothing else.",
+        epilog=_QUANTIZE_EPILOG)
+    q.add_argument("src", metavar="SRC", help="weights to re-encode")
+    q.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="OUT.safetensors (maxdecl checkpoint) or OUT.gguf")
+    q.add_argument("--encoding", required=True, metavar="ENC",
+                   help="an encoding, 'spec' or Q4_K_M (see below)")
+    q.add_argument("--spec", metavar="SPEC",
+                   help="map SRC's names/hyperparameters by this spec and check they fit it")
+
+    e = sub.add_parser("export", help="write a GGUF that llama.cpp runs",
+                       description="Write SRC (GGUF, maxdecl checkpoint, HF dir, llama2.c "
+                                   ".bin) as a GGUF: the spec's formats.gguf architecture "
+                                   "keys, the tokenizer, every tensor in its encoding.")
+    e.add_argument("src", metavar="SRC", help="weights the spec runs")
+    e.add_argument("--spec", required=True, metavar="SPEC", help="the model's spec")
+    e.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF to write")
+    e.add_argument("--variant", help="spec variant (default: the spec's default)")
+
+    i = sub.add_parser("inspect", help="list a weights file's tensors (or --metadata)")
     i.add_argument("weights", metavar="WEIGHTS")
+    i.add_argument("--metadata", action="store_true",
+                   help="list the metadata instead: GGUF key/values, safetensors __metadata__ "
+                        "(long arrays summarized)")
 
     g = sub.add_parser("graph", help="print a spec's layer tree with op and parameter counts")
     g.add_argument("spec", metavar="SPEC")
@@ -174,21 +251,64 @@ def _need_file(path: str) -> None:
 def cmd_validate(args) -> int:
     from .spec import format_problems, validate_spec
 
+    paths, io_errors = _spec_paths(args.specs)
+    if io_errors and args.format == "text":
+        raise UsageError(": ".join(io_errors[0]))
     problems = []
-    for path in args.specs:
-        _need_file(path)
-        problems.extend(validate_spec(path))
+    for path in paths:
+        try:
+            problems.extend(validate_spec(path))
+        except OSError as e:
+            if args.format == "text":
+                raise
+            io_errors.append((path, f"cannot read: {e.strerror or e}"))
+    if io_errors:
+        print(_io_report(io_errors, args.format, format_problems(problems, args.format)))
+        return EXIT_USAGE
     text = format_problems(problems, args.format)
     if text:
         print(text)
     if args.format == "text":
-        n = len(args.specs)
+        n = len(paths)
         if problems:
             print(f"{len(problems)} problem(s) in {len({p.file for p in problems})} of {n} "
                   f"spec(s)", file=sys.stderr)
         else:
             print(f"{n} spec(s) valid", file=sys.stderr)
     return EXIT_INVALID if problems else EXIT_OK
+
+
+def _spec_paths(args: list) -> tuple[list, list]:
+    """(spec files, I/O errors as (file, message)): a directory gives every *.yaml / *.yml
+    below it, sorted."""
+    paths, errors = [], []
+    for arg in args:
+        if os.path.isdir(arg):
+            found = sorted(os.path.join(d, f) for d, _, files in os.walk(arg) for f in files
+                           if f.endswith((".yaml", ".yml")))
+            if not found:
+                errors.append((arg, "directory holds no *.yaml or *.yml spec"))
+            paths.extend(found)
+        elif not os.path.exists(arg):
+            errors.append((arg, "no such file"))
+        elif not os.access(arg, os.R_OK):
+            errors.append((arg, "cannot read: permission denied"))
+        else:
+            paths.append(arg)
+    return paths, errors
+
+
+def _io_report(errors: list, fmt: str, problems_text: str) -> str:
+    """I/O errors in the machine format (json: the problem objects' shape plus
+    ``"kind": "io"``, after any spec problems; github: ``::error`` lines)."""
+    if fmt == "json":
+        items = json.loads(problems_text) if problems_text else []
+        items += [{"file": f, "line": None, "col": None, "path": "", "message": m,
+                   "kind": "io"} for f, m in errors]
+        return json.dumps(items, indent=2)
+    lines = [problems_text] if problems_text else []
+    lines += [f"::error file={f}::{m}" for f, m in errors]
+    return "\n".join(lines)
 
 
 def cmd_schema(args) -> int:
@@ -220,6 +340,12 @@ def cmd_inspect(args) -> int:
     from .weights import load_weights
 
     _need_file(args.weights)
+    if args.metadata:
+        from .weights.describe import metadata_lines
+
+        lines = metadata_lines(args.weights)
+        print("\n".join(lines))
+        return EXIT_OK
     td = load_weights(args.weights)
     rows = []
     for name, t in td.items():
@@ -261,6 +387,37 @@ def cmd_run(args) -> int:
     return run_cli(args)
 
 
+def cmd_serve(args) -> int:
+    from .serve.cli import serve_cli
+
+    _need_file(args.spec)
+    return serve_cli(args)
+
+
+def cmd_chat(args) -> int:
+    from .serve.chat import chat_cli
+
+    _need_file(args.spec)
+    return chat_cli(args)
+
+
+def cmd_batch(args) -> int:
+    from .batch import batch_cli
+
+    _need_file(args.spec)
+    _need_file(args.input)
+    return batch_cli(args)
+
+
+def cmd_export(args) -> int:
+    from .pipelines.export import export_cli
+
+    if not os.path.exists(args.src):
+        raise UsageError(f"{args.src}: no such file or directory")
+    _need_file(args.spec)
+    return export_cli(args)
+
+
 def cmd_quantize(args) -> int:
     from .pipelines.quantize import quantize_cli
 
@@ -270,4 +427,5 @@ def cmd_quantize(args) -> int:
 
 
 COMMANDS = {"validate": cmd_validate, "schema": cmd_schema, "ops": cmd_ops, "inspect": cmd_inspect,
-            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize}
+            "graph": cmd_graph, "run": cmd_run, "quantize": cmd_quantize, "export": cmd_export,
+            "serve": cmd_serve, "chat": cmd_chat, "batch": cmd_batch}

@@ -190,7 +190,7 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     """
     from .builder import build
     from .pipelines.model_loading import open_weights
-    from .pipelines.tokenizer import load_tokenizer
+    from .pipelines.tokenizer_embed import load_tokenizer
     from .pipelines.tokenizer_bytes import ByteTokenizer
     from .spec import Spec, load_spec
     from .weights.random import program_weights

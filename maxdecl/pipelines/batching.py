@@ -75,6 +75,8 @@ class BatchRunner:
                                "the same name to feed them")
         self._state_out = {n: outs.index(n) for n in self._states}
         self._types = dict(zip(names, compiled.input_types))
+        self._waiting: deque = deque()
+        self._active: list = []
 
     def zero_state(self) -> dict:
         """Empty states: each state input with its symbolic dims set to 0."""
@@ -84,18 +86,36 @@ class BatchRunner:
 
     def run(self, requests) -> list:
         """Generate every request (continuous batching); returns them, finished."""
-        waiting, active = deque(requests), []
-        while waiting or active:
-            if waiting and len(active) < self.max_batch:
-                r = waiting.popleft()
+        requests = list(requests)
+        for r in requests:
+            self.add(r)
+        while self.step():
+            pass
+        return requests
+
+    def add(self, request: Request) -> None:
+        """Queue a request; it joins the batch when a slot is free (``step``)."""
+        self._waiting.append(request)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is waiting or decoding."""
+        return bool(self._waiting or self._active)
+
+    def step(self) -> bool:
+        """One round: admit (prefill) one waiting request if a slot is free, then one
+        decode step for every active request. Returns ``busy``."""
+        self._active = [r for r in self._active if not r.done]   # cancelled in between
+        if self._waiting and len(self._active) < self.max_batch:
+            r = self._waiting.popleft()
+            if not r.done:
                 self._prefill(r)
-                if not r.done:
-                    active.append(r)
-            if active:
-                for k in range(0, len(active), GEMV_MAX_ROWS):
-                    self._decode(active[k:k + GEMV_MAX_ROWS])
-                active = [r for r in active if not r.done]
-        return list(requests)
+            if not r.done:
+                self._active.append(r)
+        for k in range(0, len(self._active), GEMV_MAX_ROWS):
+            self._decode([r for r in self._active[k:k + GEMV_MAX_ROWS] if not r.done])
+        self._active = [r for r in self._active if not r.done]
+        return self.busy
 
     def _call(self, tokens, positions, logit_rows, states, rows):
         feed = {"tokens": np.asarray(tokens, np.int64),
@@ -121,6 +141,8 @@ class BatchRunner:
         self._take(r, logits[0])
 
     def _decode(self, batch: list) -> None:
+        if not batch:
+            return
         t0 = time.perf_counter()
         states = {k: PerSequence(r._state[k] for r in batch) for k in self._states}
         logits, outs = self._call([r.ids[-1] for r in batch], [r._pos for r in batch],

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import MaxdeclError
 from .compile_timer import CompileTimer
-from .stopping import StopStrings
+from .stops import StopStrings
 
 
 @dataclass
@@ -164,12 +164,11 @@ def generate_ids(session: Session, tok, prompt_ids, max_new_tokens, sampler,
 
     def emit(piece: str) -> bool:
         """Pass text on; True when it completed a stop string."""
-        hit = False
         if matcher is not None:
-            piece, hit = matcher.push(piece)
+            piece = matcher.push(piece)
         if piece and on_text is not None:
             on_text(piece)
-        return hit
+        return matcher is not None and matcher.stopped
 
     with CompileTimer() as ct:
         t0 = time.perf_counter()

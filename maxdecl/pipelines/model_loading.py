@@ -87,14 +87,18 @@ def _hf_config_value(key, config: dict):
 
 
 def tokenizer_for(path: str, meta: dict):
-    """The tokenizer that comes with the weights at ``path`` (in a GGUF, or a
-    tokenizer.json / tokenizer.bin / tokenizer.gguf beside them), or None."""
+    """The tokenizer that comes with the weights at ``path`` (in a GGUF, in a maxdecl
+    checkpoint's metadata, or a tokenizer.json / tokenizer.bin / tokenizer.gguf beside
+    them), or None."""
     from .tokenizer import load_gguf_tokenizer, load_tokenizer
+    from .tokenizer_embed import tokenizer_from_metadata
 
     if meta.get("maxdecl.format") == "gguf":
         if "tokenizer.ggml.tokens" not in meta:
             return None          # a GGUF of weights only
         return load_gguf_tokenizer(path, meta)
+    if (embedded := tokenizer_from_metadata(meta, path)) is not None:   # a checkpoint's own
+        return embedded
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for name in ("tokenizer.json", "tokenizer.bin", "tokenizer.gguf"):
         cand = os.path.join(folder, name)

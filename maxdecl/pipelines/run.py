@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import InputError
+from ..errors import InputError, WeightsError
 from . import params as checks
 
 
@@ -49,14 +49,15 @@ def run_cli(args) -> int:
         if inputs or args.output:
             raise InputError(f"{args.spec} is a language model: --input/--output are for "
                              "specs without a 'tokens' input; give a --prompt")
-        _say_what_runs(model)
         return _run_text(model, prompt, max_new, sampling, stop, args.truncate, compiling)
 
 
 def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> int:
     tok = model.tokenizer
     if tok is None:
-        raise InputError("these weights carry no tokenizer: pass --tokenizer PATH")
+        raise WeightsError(f"{model.source}: no tokenizer in the weights or beside them: pass "
+                           "--tokenizer PATH (a `maxdecl quantize` checkpoint carries one)")
+    _say_what_runs(model)
     full = model.encode(prompt)
     ids = checks.fit_context(full, max_new, model.context, truncate)
     out = sys.stdout

@@ -124,6 +124,20 @@ def load_hf(path: str | Path) -> HfTokenizer:
                        _json(folder / "generation_config.json"), _json(folder / "config.json"))
 
 
+def from_json_text(text: str, config: dict, gen_config: dict, where: str = "") -> HfTokenizer:
+    """An HfTokenizer from tokenizer.json's text and its config dicts (a checkpoint's copy)."""
+    try:
+        from tokenizers import Tokenizer as HfTk
+    except ImportError:
+        raise MaxdeclError(f"{where}: its Hugging Face tokenizer needs the optional "
+                           "'tokenizers' package: pip install tokenizers") from None
+    try:
+        tk = HfTk.from_str(text)
+    except Exception as exc:  # the Rust error type is not importable
+        raise WeightsError(f"{where}: cannot parse its tokenizer.json: {exc}") from None
+    return HfTokenizer(tk, config, gen_config, {})
+
+
 def _json(path: Path) -> dict:
     if not path.is_file():
         return {}

@@ -51,6 +51,7 @@ class Spec:
     outputs: tuple                   # (name, Pos)
     formats: MappingProxyType        # format -> plain dict (hf, gguf, llama2c, ...)
     marks: MappingProxyType = field(default_factory=lambda: EMPTY, repr=False)
+    chat_template: str = ""          # Jinja chat template used when the weights carry none
 
 
     def program(self, variant: str | None = None, params: dict | None = None,

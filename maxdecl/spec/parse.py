@@ -160,6 +160,8 @@ def parse(data, marks, file: str, variant: str | None = None) -> tuple[Spec | No
         name=str(data.get("name", "")),
         version=data.get("maxdecl") if isinstance(data.get("maxdecl"), int) else 0,
         doc=str(data.get("doc", "") or ""),
+        chat_template=data.get("chat_template") if isinstance(data.get("chat_template"), str)
+        else "",
         variant=variant or default,
         default_variant=default,
         variants=MappingProxyType(variants),

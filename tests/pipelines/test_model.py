@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.stopping import StopStrings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPECS = os.path.join(ROOT, "specs")
@@ -234,16 +233,3 @@ def test_gemma_logits_last_row_and_greedy(gemma):
                                rtol=1e-4, atol=1e-4 * np.abs(full[-1]).max())
     outs = gemma.generate(["Once upon a time, there was a little", ids], max_new_tokens=4)
     assert outs[0].text.startswith(" girl named") and outs[1].ids[0] == int(full[-1].argmax())
-
-
-def test_stop_strings_hold_back_a_possible_start():
-    s = StopStrings(["\n\n", "END"])
-    assert s.push("Hello\n") == ("Hello", False)
-    assert s.push("E") == ("\n", False)              # "E" may begin "END"; "\nE" begins nothing
-    assert s.push("N") == ("", False)
-    assert s.push("D more") == ("", True) and s.text == "Hello\n"
-    t = StopStrings(["ab"])
-    assert t.push("xa") == ("x", False) and t.push("c") == ("ac", False)
-    assert t.flush() == "" and t.text == "xac"
-    u = StopStrings(["lo"])
-    assert u.push("hello world") == ("hel", True) and u.push("more") == ("", True)
