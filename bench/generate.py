@@ -33,7 +33,7 @@ N_PROMPT, N_GEN = 128, 64
 
 def _gguf_path():
     """The demo GGUF, found the way ``maxdecl run specs/gemma3.yaml`` finds it."""
-    from maxdecl.pipelines.run import KNOWN_SOURCES
+    from maxdecl.weights.sources import KNOWN_SOURCES
 
     return KNOWN_SOURCES["gemma3"]()
 
@@ -43,13 +43,13 @@ def worker_maxdecl(threads: int) -> dict:
     import numba
 
     numba.set_num_threads(threads)
-    import maxdecl as md  # noqa: F401
+    import maxdecl as md
     from maxdecl.pipelines.generate import generate_ids
-    from maxdecl.pipelines.model_loading import load_model
     from maxdecl.pipelines.sampling import Sampler
 
-    session, tok, _ = load_model(os.path.join(os.path.dirname(__file__), "..", "specs",
-                                              "gemma3.yaml"), _gguf_path(), None)
+    model = md.load_model(os.path.join(os.path.dirname(__file__), "..", "specs", "gemma3.yaml"),
+                          _gguf_path())
+    session, tok = model.session, model.tokenizer
     ids = tok.encode(PROMPT, add_bos=True)[:N_PROMPT]
     first = generate_ids(session, tok, ids[:8], 1, Sampler())
     t_first = time.perf_counter() - t_start  # start-up to the first generated token

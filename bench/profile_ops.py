@@ -55,12 +55,13 @@ def main() -> None:
     numba.set_num_threads(a.threads)
     from generate import N_PROMPT, PROMPT, _gguf_path
     from maxdecl.ops import _registry
+    import maxdecl as md
     from maxdecl.pipelines.generate import generate_ids
-    from maxdecl.pipelines.model_loading import load_model
     from maxdecl.pipelines.sampling import Sampler
 
     spec = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "specs", "gemma3.yaml")
-    session, tok, _ = load_model(spec, _gguf_path(), None)
+    model = md.load_model(spec, _gguf_path())
+    session, tok = model.session, model.tokenizer
     ids = tok.encode(PROMPT, add_bos=True)[:N_PROMPT]
     generate_ids(session, tok, ids, 4, Sampler(), stop_ids=())          # warm up
     totals, calls = collections.defaultdict(float), collections.Counter()

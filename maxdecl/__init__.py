@@ -10,7 +10,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-from .errors import GraphError, MaxdeclError, QuantizationError, SpecError, WeightsError
+from .errors import (GraphError, InputError, MaxdeclError, QuantizationError, SpecError,
+                     WeightsError)
 
 _LAZY = {
     "DType": ("dtypes", "DType"),
@@ -32,13 +33,17 @@ _LAZY = {
     "PerSequence": ("runtime", "PerSequence"),
     "load_weights": ("weights", "load_weights"),
     "load_tokenizer": ("pipelines.tokenizer_embed", "load_tokenizer"),
-    "generate": ("pipelines.generate", "generate"),
+    "load_model": ("model", "load_model"),
+    "Model": ("model", "Model"),
+    "generate": ("model", "generate"),
+    "random_weights": ("weights.random", "random_weights"),
     "ops": ("ops", None),
     "codecs": ("codecs", None),
     "checkpoint": ("checkpoint", None),
 }
 
-__all__ = ["GraphError", "MaxdeclError", "QuantizationError", "SpecError", "WeightsError",
+__all__ = ["GraphError", "InputError", "MaxdeclError", "QuantizationError", "SpecError",
+           "WeightsError",
            *_LAZY]
 
 

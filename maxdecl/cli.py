@@ -14,13 +14,31 @@ import json
 import os
 import sys
 
-from .errors import MaxdeclError
+from . import __version__
+from .errors import InputError, MaxdeclError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
     """Bad command line or unreadable file: exit 2."""
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default: argparse's ``(default: X)`` where one is
+    set, the help text's own words where the default is computed (None)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of the usage block."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 _QUANTIZE_EPILOG = """\
@@ -37,9 +55,10 @@ SRC must hold exactly the spec's tensors (missing/unexpected names fail with exi
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="maxdecl", description="Neural networks declared as YAML.")
+    p = _Parser(prog="maxdecl", description="Neural networks declared as YAML.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"maxdecl {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
     v = sub.add_parser("validate", help="check specs against the schema and semantic rules")
     v.add_argument("specs", nargs="+", metavar="SPEC",
@@ -48,17 +67,48 @@ def _parser() -> argparse.ArgumentParser:
                    help="output format; json/github also report I/O errors (exit 2) "
                         "(default: %(default)s)")
 
-    r = sub.add_parser("run", help="generate text with a model spec")
-    r.add_argument("spec", metavar="SPEC")
-    r.add_argument("--weights", help="GGUF, safetensors, HF dir or llama2.c .bin")
-    r.add_argument("--prompt", default="Once upon a time")
-    r.add_argument("--max-new-tokens", type=int, default=32)
-    r.add_argument("--temperature", type=float, default=0.0)
-    r.add_argument("--top-k", type=int)
-    r.add_argument("--top-p", type=float)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--variant")
-    r.add_argument("--threads", type=int)
+    r = sub.add_parser("run", formatter_class=_Help,
+                       help="generate text with a model spec, or run any spec on .npy inputs",
+                       description="Generate text with a language-model spec (llama.cpp-style "
+                       "options), or run any other spec once on --input arrays.")
+    r.add_argument("spec", metavar="SPEC", help="the model spec (YAML)")
+    r.add_argument("-m", "--weights", metavar="PATH",
+                   help="GGUF, safetensors, HF dir or llama2.c .bin (default: models/<spec "
+                   "name>/, then known sources, else seeded random weights)")
+    r.add_argument("-p", "--prompt", metavar="TEXT",
+                   help="the prompt; '-' reads it from stdin (default: 'Once upon a time')")
+    r.add_argument("-f", "--file", metavar="FILE", help="read the prompt from a UTF-8 file")
+    r.add_argument("-n", "--max-new-tokens", type=int, default=32, metavar="N",
+                   help="tokens to generate at most")
+    r.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0,
+                   metavar="T", help="sampling temperature; 0 is greedy")
+    r.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="keep the K most likely tokens; 0 is off")
+    r.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="keep the smallest set of tokens reaching probability P; 1 is off")
+    r.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens less likely than P times the top one; 0 is off")
+    r.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+                   help="penalise tokens of the last --repeat-last-n; 1 is off")
+    r.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                   help="tokens the repeat penalty looks back over; -1 is all, 0 is off")
+    r.add_argument("-s", "--seed", type=int, default=0, metavar="S",
+                   help="sampling seed; -1 draws a random one")
+    r.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop before this text (repeatable)")
+    r.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
+                   help="context limit for prompt + new tokens; 0 is the model's")
+    r.add_argument("--truncate", action="store_true",
+                   help="keep the prompt's last tokens when it does not fit the context "
+                   "(default: an error)")
+    r.add_argument("-t", "--threads", type=int, metavar="N",
+                   help="kernel threads (default: all CPUs numba may use)")
+    r.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer file or HF dir (default: the one with the weights)")
+    r.add_argument("--variant", metavar="NAME", help="spec variant (default: the spec's)")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="a graph input, for specs that are not language models (repeatable)")
+    r.add_argument("--output", metavar="OUT.npz", help="save the outputs of --input runs")
 
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the 'serve' extra)",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -155,7 +205,7 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except (UsageError, OSError) as e:
+    except (UsageError, InputError, OSError) as e:
         if args.debug:
             raise
         print(f"maxdecl: error: {_oneline(e)}", file=sys.stderr)

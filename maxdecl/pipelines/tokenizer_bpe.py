@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 
 from ..errors import MaxdeclError, WeightsError
-from .tokenizer import Tokenizer, gguf_common
+from .tokenizer_base import Tokenizer, gguf_common
 
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
 _LLAMA3 = (r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"""

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from ..errors import MaxdeclError, WeightsError
-from .tokenizer import END_OF_TURN_TEXTS, Tokenizer
+from .tokenizer_base import END_OF_TURN_TEXTS, Tokenizer
 
 
 class HfTokenizer(Tokenizer):

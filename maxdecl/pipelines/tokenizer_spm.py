@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import WeightsError
-from .tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, Tokenizer, gguf_common
+from .tokenizer_base import BYTE, CONTROL, NORMAL, UNKNOWN, Tokenizer, gguf_common
 
 SPACE = "\u2581"   # SentencePiece's visible space "▁"
 

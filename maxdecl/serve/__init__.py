@@ -29,19 +29,17 @@ def make_sampler(params: dict, prompt_ids: list):
 def open_server(spec, weights=None, variant=None, parallel: int = 4, chat_template=None,
                 model_name: str | None = None, tokenizer=None) -> Server:
     """Load the model once and start its engine; returns the ``Server`` the app serves."""
+    from ..model import load_model
     from ..pipelines.chat_template import ChatTemplate
-    from ..pipelines.model_loading import load_model
 
-    session, tok, note = load_model(spec, weights, variant)
-    tok = tokenizer or tok
+    model = load_model(spec, weights, variant, tokenizer)
+    tok = model.tokenizer
     if tok is None:
         from ..errors import MaxdeclError
 
         raise MaxdeclError("the weights carry no tokenizer: serving needs one")
-    meta = dict(getattr(session.weights, "metadata", {}) or {})
-    source = chat_template or meta.get("tokenizer.chat_template") or \
-        getattr(getattr(session, "spec", None), "chat_template", "") or \
-        _spec_template(spec)
+    meta = dict(getattr(model.weights, "metadata", {}) or {})
+    source = chat_template or meta.get("tokenizer.chat_template") or model.spec.chat_template
     tokens = getattr(tok, "tokens", None)
 
     def text_of(i):
@@ -49,34 +47,11 @@ def open_server(spec, weights=None, variant=None, parallel: int = 4, chat_templa
 
     template = ChatTemplate(source, text_of(getattr(tok, "bos_id", None)),
                             text_of(getattr(tok, "eos_id", None))) if source else None
-    params = dict(getattr(session.graph, "params", {}) or {})
-    context = _context(spec, variant, params)
-    engine = Engine(session.compiled, tok, parallel=parallel, context=context)
-    name = model_name or _spec_name(spec)
+    engine = Engine(model.compiled, tok, parallel=parallel, context=model.context)
+    name = model_name or model.spec.name
     server = Server(engine, name, template, make_sampler)
-    server.note = note
+    server.note = model.note
     return server
-
-
-def _spec_template(spec) -> str:
-    from ..spec import load_spec
-
-    return load_spec(spec).chat_template if not hasattr(spec, "chat_template") \
-        else spec.chat_template
-
-
-def _spec_name(spec) -> str:
-    from ..spec import load_spec
-
-    return spec.name if hasattr(spec, "name") else load_spec(spec).name
-
-
-def _context(spec, variant, params) -> int | None:
-    from ..spec import load_spec
-
-    s = spec if hasattr(spec, "params") else load_spec(spec, variant)
-    ctx = params.get("context", s.params.get("context"))
-    return int(ctx) if isinstance(ctx, int) and ctx > 0 else None
 
 
 def serve(server: Server, host: str = "127.0.0.1", port: int = 8080, log_level="info") -> None:

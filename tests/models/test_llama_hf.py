@@ -9,7 +9,7 @@ and the q/k row permutation from the spec's ``formats.hf``.
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.model_loading import load_model, params_from_metadata
+from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, compare, hf_logits, make_llama, save_hf, spec_path, token_ids,
                        without_hf_transforms)
@@ -28,8 +28,8 @@ def llama(tmp_path_factory):
 
 def test_llama3_config_from_hf(llama):
     model, path, _, _ = llama
-    session, _, _ = load_model(spec_path("llama3"), path, variant="tiny")
-    shapes = {w: tuple(v.shape) for w, v in session.weights.items()}
+    ours = md.load_model(spec_path("llama3"), path, variant="tiny")
+    shapes = {w: tuple(v.shape) for w, v in ours.weights.items()}
     assert shapes["token_embd.weight"] == (96, 256)           # vocab, dim from config.json
     assert shapes["blk.1.attn_k.weight"] == (128, 256)        # n_kv_heads 2 * head_dim 64
     assert shapes["blk.0.ffn_gate.weight"] == (512, 256)
@@ -43,8 +43,8 @@ def test_llama3_config_from_hf(llama):
 
 def test_llama3_prefill_and_decode_match_hf(llama):
     model, path, ids, ref = llama
-    session, _, _ = load_model(spec_path("llama3"), path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("llama3"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     print(f"llama3 vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
 
@@ -54,8 +54,8 @@ def test_llama3_without_qk_permutation_fails(llama):
     half-split q/k rows gives clearly different logits."""
     model, path, ids, ref = llama
     spec = without_hf_transforms(md.load_spec(spec_path("llama3")))
-    session, _, _ = load_model(spec, path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec, path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     assert pre > 30 * TOL and dec > 30 * TOL
 
 
@@ -65,8 +65,8 @@ def test_llama3_rope_theta_matters(tmp_path):
     path = save_hf(model, tmp_path / "hf")
     ids = token_ids(model.config.vocab_size, seed=11)
     ref = hf_logits(model, ids)
-    session, _, _ = load_model(spec_path("llama3"), path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("llama3"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     assert pre <= TOL and dec <= TOL
 
 
@@ -76,7 +76,7 @@ def test_tinystories_tied_llama_matches_hf(tmp_path):
     path = save_hf(model, tmp_path / "hf")
     ids = token_ids(model.config.vocab_size, seed=5)
     ref = hf_logits(model, ids)
-    session, _, _ = load_model(spec_path("tinystories"), path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("tinystories"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     print(f"tinystories vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL

@@ -8,7 +8,8 @@ holding the dequantized weights.
 import numpy as np
 import pytest
 
-from maxdecl.pipelines.model_loading import load_model
+import maxdecl as md
+
 
 from modelhelp import (TOL, compare, gemma3_to_gguf, hf_logits, llama_to_gguf, make_gemma3,
                        make_llama, ours_logits, q8_0, rel_err, save_hf, spec_path, token_ids)
@@ -34,8 +35,9 @@ def q8_0_roundtrip_(model):
 def both_paths(spec, model, tmp_path, to_gguf, ids):
     hf_dir = save_hf(model, tmp_path / "hf")
     path = to_gguf(model, tmp_path / "model.gguf")
-    s_hf, _, _ = load_model(spec_path(spec), hf_dir, variant="tiny")
-    s_gguf, tok, _ = load_model(spec_path(spec), path, variant="tiny")
+    s_hf = md.load_model(spec_path(spec), hf_dir, variant="tiny")
+    s_gguf = md.load_model(spec_path(spec), path, variant="tiny")
+    tok = s_gguf.tokenizer
     assert tok is not None and tok.vocab_size == model.config.vocab_size
     return ours_logits(s_hf, ids), ours_logits(s_gguf, ids), s_gguf
 
@@ -51,13 +53,13 @@ def test_gguf_f32_matches_hf_dir(spec, make, to_gguf, tmp_path):
     model = make()
     ids = token_ids(model.config.vocab_size, seed=3)
     ref = hf_logits(model, ids)
-    (hf_pre, hf_dec), (g_pre, g_dec), session = both_paths(spec, model, tmp_path, to_gguf, ids)
+    (hf_pre, hf_dec), (g_pre, g_dec), ours = both_paths(spec, model, tmp_path, to_gguf, ids)
     assert all(not getattr(w, "is_quantized", False) and isinstance(w, np.ndarray)
-               for w in session.weights.values())
+               for w in ours.weights.values())
     d_pre, d_dec = rel_err(g_pre, hf_pre), rel_err(g_dec, hf_dec)
     print(f"{spec}: GGUF vs HF dir: prefill {d_pre:.2e}, decode {d_dec:.2e}")
     assert d_pre <= 1e-5 and d_dec <= 1e-5
-    pre, dec = compare(session, ref, ids)
+    pre, dec = compare(ours, ref, ids)
     assert pre <= TOL and dec <= TOL
 
 
@@ -71,10 +73,10 @@ def test_gguf_q8_0_matches_dequantized_hf(spec, make, to_gguf, tmp_path):
     ids = token_ids(model.config.vocab_size, seed=4)
     path = to_gguf(model, tmp_path / "model-q8_0.gguf", quantize=q8_0)
     ref = hf_logits(q8_0_roundtrip_(model), ids)
-    session, _, _ = load_model(spec_path(spec), path, variant="tiny")
-    encs = {getattr(w, "encoding", "f32") for w in session.weights.values()}
+    ours = md.load_model(spec_path(spec), path, variant="tiny")
+    encs = {getattr(w, "encoding", "f32") for w in ours.weights.values()}
     assert "q8_0" in encs
-    pre, dec = compare(session, ref, ids)
+    pre, dec = compare(ours, ref, ids)
     print(f"{spec}: GGUF Q8_0 vs HF with dequantized weights: prefill {pre:.2e}, "
           f"decode {dec:.2e}")
     assert pre <= TOL and dec <= TOL

@@ -10,7 +10,7 @@ MPT's interleaved slopes for the extra heads.
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.model_loading import load_model, params_from_metadata
+from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import TOL, compare, hf_logits, make_mpt, save_hf, spec_path, token_ids
 
@@ -47,8 +47,8 @@ def test_replit_kv_heads_from_attn_config():
 
 def test_replit_prefill_and_decode_match_hf(mpt):
     model, path, ids, ref = mpt
-    session, _, _ = load_model(spec_path("replit"), path, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("replit"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     print(f"replit/MPT vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
 
@@ -59,6 +59,6 @@ def test_replit_alibi_slopes_matter(mpt):
     model, path, ids, ref = mpt
     td = md.load_weights(path)
     td.metadata["attn_config"] = {**td.metadata["attn_config"], "alibi_bias_max": 4}
-    session, _, _ = load_model(spec_path("replit"), td, variant="tiny")
-    pre, dec = compare(session, ref, ids)
+    ours = md.load_model(spec_path("replit"), td, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
     assert pre > 10 * TOL and dec > 10 * TOL

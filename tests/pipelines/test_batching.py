@@ -6,7 +6,7 @@ import pytest
 
 import maxdecl as md
 from maxdecl.pipelines.batching import BatchRunner, Request
-from maxdecl.pipelines.model_loading import random_weights
+from maxdecl.weights.random import program_weights
 from maxdecl.runtime import PerSequence
 from pathlib import Path
 
@@ -16,7 +16,7 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 @pytest.fixture(scope="module", params=["llama3", "gemma3"])
 def compiled(request):
     spec = md.load_spec(SPECS / f"{request.param}.yaml", "tiny")
-    td = random_weights(spec.program("tiny"), seed=3)
+    td = program_weights(spec.program("tiny"), seed=3)
     return md.compile(md.build(spec, weights=td), td)
 
 

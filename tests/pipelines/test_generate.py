@@ -7,7 +7,6 @@ import pytest
 
 import maxdecl as md
 from maxdecl.pipelines.generate import generate_ids
-from maxdecl.pipelines.model_loading import load_model
 from maxdecl.pipelines.sampling import Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,9 +36,10 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 
 def test_bad_sampler_arguments():
-    for kw in ({"temperature": -1}, {"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5}):
-        with pytest.raises(ValueError):
+    for kw in ({"temperature": -1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(md.InputError):
             Sampler(**kw)
+    assert Sampler(top_k=0).top_k is None          # 0 is "off", as in llama.cpp
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +48,24 @@ def tiny_random(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("empty"))
     try:
-        session, tok, note = load_model(os.path.join(ROOT, "specs", "tinystories.yaml"))
+        model = md.load_model(os.path.join(ROOT, "specs", "tinystories.yaml"))
     finally:
         os.chdir(cwd)
-    assert "seeded random weights" in note
-    return session, tok
+    assert "seeded random weights" in model.note
+    return model.session, model.tokenizer
 
 
 def test_stops_at_an_end_id_and_streams_the_same_text(tiny_random):
     session, tok = tiny_random
     ids = tok.encode("Hello", add_bos=True)
     full = generate_ids(session, tok, ids, 6, Sampler(), stop_ids=())
-    assert len(full.ids) == 6 and full.stop_reason == "max_new_tokens"
+    assert len(full.ids) == 6 and full.finish_reason == "length"
     pieces = []
     again = generate_ids(session, tok, ids, 6, Sampler(), on_text=pieces.append, stop_ids=())
     assert again.ids == full.ids and "".join(pieces) == again.text
     cut = generate_ids(session, tok, ids, 6, Sampler(), stop_ids={full.ids[2]})
     stop_at = full.ids.index(full.ids[2])
-    assert cut.ids == full.ids[:stop_at] and cut.stop_reason == "eos"
+    assert cut.ids == full.ids[:stop_at] and cut.finish_reason == "stop"
 
 
 def test_kv_cache_decode_equals_full_recompute(tiny_random):

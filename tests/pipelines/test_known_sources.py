@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from maxdecl.pipelines.run import _assembled_once
+from maxdecl.weights.sources import _assembled_once
 
 
 def test_checksum_skipped_only_while_the_file_is_unchanged(tmp_path):

@@ -12,7 +12,6 @@ import pytest
 import maxdecl as md
 from maxdecl.cli import main
 from maxdecl.pipelines.generate import generate_ids
-from maxdecl.pipelines.model_loading import load_model
 from maxdecl.pipelines.sampling import Sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,27 +76,38 @@ def test_quantize_by_spec_rules_then_run_from_checkpoint_alone(float_model, tmp_
 
     # The float source is gone; the checkpoint and its tokenizer are all there is.
     shutil.copy(float_model / "tokenizer.bin", out_dir / "tokenizer.bin")
-    session_q, tok, note = load_model(SPEC, str(out))
-    assert note == "" and len([n for n in session_q.graph.inputs if "kv_cache" in n.name]) == 3
-    session_f, _, _ = load_model(SPEC, str(float_model / "model.bin"))
+    model_q = md.load_model(SPEC, str(out))
+    tok = model_q.tokenizer
+    assert model_q.note == "" and len([n for n in model_q.input_names if "kv_cache" in n]) == 3
+    model_f = md.load_model(SPEC, str(float_model / "model.bin"))
 
     ids = tok.encode("the cat sat on a dog", add_bos=True)
     assert ids[0] == 1 and len(ids) > 3
-    lq, _ = session_q.step(ids, 0, session_q.initial_state(), all_logits=True)
-    lf, _ = session_f.step(ids, 0, session_f.initial_state(), all_logits=True)
+    lq, lf = model_q.logits(ids), model_f.logits(ids)
     assert lq.shape == lf.shape == (len(ids), VOCAB)
     assert np.abs(lq - lf).max() > 0          # the weights really were re-encoded
     # ... and qmatmul on the packed blocks equals float math on their dequantized values.
     deq = md.TensorDict({k: (v.dequantize() if isinstance(v, md.QuantizedTensor) else v)
                          for k, v in td.items()}, metadata=dict(td.metadata))
-    session_d, _, _ = load_model(SPEC, deq)
-    ld, _ = session_d.step(ids, 0, session_d.initial_state(), all_logits=True)
+    ld = md.load_model(SPEC, deq).logits(ids)
     np.testing.assert_allclose(lq, ld, rtol=1e-4, atol=1e-4 * np.abs(ld).max())
 
-    res = generate_ids(session_q, tok, ids, 5, Sampler(), stop_ids=())
+    res = generate_ids(model_q.session, tok, ids, 5, Sampler(), stop_ids=())
     assert len(res.ids) == 5
 
     assert main(["run", SPEC, "--weights", str(out), "--max-new-tokens", "3",
                  "--prompt", "the dog"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "3 generated tokens" in last
+
+    # The checkpoint carries its tokenizer (tokenizer.bin beside it is not needed);
+    # --tokenizer replaces it and the stderr line says which one runs.
+    os.remove(out_dir / "tokenizer.bin")
+    assert main(["run", SPEC, "--weights", str(out), "-n", "3", "-p", "the dog"]) == 0
+    out_text, err = capsys.readouterr()
+    assert "3 generated tokens" in out_text.splitlines()[-1] and "from the weights" in err
+    assert main(["run", SPEC, "--weights", str(out), "-n", "3", "-p", "the dog",
+                 "--tokenizer", str(float_model / "tokenizer.bin")]) == 0
+    again, err = capsys.readouterr()
+    assert "3 generated tokens" in again.splitlines()[-1]
+    assert f"from {float_model / 'tokenizer.bin'}" in err

@@ -13,7 +13,7 @@ import pytest
 
 import maxdecl as md
 from maxdecl.ops import _registry
-from maxdecl.pipelines.model_loading import random_weights
+from maxdecl.weights.random import program_weights
 from maxdecl.spec import parse_text
 from maxdecl.spec.semantic import expand_or_raise, select_variant
 
@@ -42,7 +42,7 @@ def test_case_fails_validate_and_build_with_one_message(path):
     spec = select_variant(spec, spec.default_variant)
     prog = expand_or_raise(spec, spec.variant, check_encodings=False)
     try:
-        md.build(spec, weights=random_weights(prog))
+        md.build(spec, weights=program_weights(prog))
     except md.GraphError as e:
         assert str(e) == str(hit[0]), "the graph and validate word the problem alike"
     else:

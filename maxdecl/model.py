@@ -1,0 +1,252 @@
+"""``md.load_model``: a spec and its weights, built once, run many times (API.md 6c).
+
+A ``Model`` holds the built graph with its bound weights, the resolved
+hyperparameters and the tokenizer. Any spec runs as ``model(*inputs)``; a language
+model (graph inputs ``tokens`` and ``positions``, output ``logits``) also has
+``logits(ids)`` and ``generate(prompt)``. Every argument is checked by
+``pipelines.params`` (``md.InputError`` when bad).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+
+import numpy as np
+
+from .errors import InputError, WeightsError
+from .pipelines import params as checks
+from .pipelines.generate import GenerateOutput, GenerateRequest, Session, generate_ids
+from .pipelines.sampling import Sampler
+from .runtime import compile as compile_graph
+
+__all__ = ["Model", "load_model", "generate", "GenerateOutput"]
+
+PREFILL_CHUNK = 256       # tokens per prefill step when progress is reported
+
+
+class Model:
+    """A built model: ``.spec``, ``.params``, ``.tokenizer``, ``.note``, ``.graph``,
+    ``.weights``, ``.source`` / ``.tokenizer_source`` (where weights and tokenizer came
+    from), ``.context`` (the most tokens a sequence may hold, or None).
+
+    Example::
+
+        model = md.load_model("specs/gemma3.yaml")
+        out = model.generate("Once upon a time", max_new_tokens=16)
+        print(out.text, out.finish_reason)
+    """
+
+    def __init__(self, spec, graph, weights, params, tokenizer=None, note="", source="",
+                 context=None, tokenizer_source=""):
+        self.spec, self.graph, self.weights = spec, graph, weights
+        self.params = dict(params)
+        self.tokenizer, self.note, self.source = tokenizer, note, source
+        self.tokenizer_source = tokenizer_source
+        self.context = context
+        # The one place the graph runs: planned, checked and bound once.
+        self.compiled = compile_graph(graph, weights)
+        self._run = self.compiled
+        names = {v.name for v in graph.inputs}
+        self.session = Session(graph, self._run) if {"tokens", "positions"} <= names else None
+        vocab = self.params.get("vocab")
+        self.vocab = int(vocab) if isinstance(vocab, numbers.Integral) else getattr(tokenizer, "vocab_size",
+                                                                       None)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The graph's input names, in the order ``model(*inputs)`` takes them."""
+        return [v.name for v in self.graph.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.output_names)
+
+    def __call__(self, *inputs) -> list[np.ndarray]:
+        """Run the graph once on ``inputs`` (one array per graph input, in order)."""
+        return self._run(*inputs)
+
+    # -- language models ------------------------------------------------------------------
+
+    def _lm(self) -> Session:
+        if self.session is None:
+            raise InputError(f"{self.spec.file}: not a language model (no graph inputs "
+                             f"'tokens' and 'positions'; inputs are {self.input_names}): "
+                             "run it with model(*inputs)")
+        return self.session
+
+    def logits(self, ids, last_only: bool = False) -> np.ndarray:
+        """Logits of ``ids`` in one prefill from an empty cache (no state kept).
+
+        Returns:
+            float32 ``[len(ids), vocab]``, or ``[1, vocab]`` (the last position) with
+            ``last_only``.
+
+        Example::
+
+            row = model.logits(model.tokenizer.encode("Hello"), last_only=True)[0]
+        """
+        session = self._lm()
+        ids = checks.check_prompt(ids, self.vocab)
+        if isinstance(ids, str):
+            raise InputError("logits takes token ids; encode text with model.tokenizer first")
+        checks.fit_context(ids, 0, self.context, False)
+        out, _ = session.step(ids, 0, session.initial_state(), all_logits=not last_only)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def encode(self, prompt) -> list[int]:
+        """A checked prompt's token ids (text gets BOS as the tokenizer adds it)."""
+        prompt = checks.check_prompt(prompt, self.vocab)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InputError("a text prompt needs a tokenizer: pass tokenizer= to "
+                                 "load_model, or give token ids")
+            prompt = self.tokenizer.encode(prompt, add_bos=True)
+            if not prompt:
+                raise InputError("the prompt is empty (no tokens to start from)")
+        return prompt
+
+    def generate(self, prompt, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None,
+                 top_p=None, min_p=None, repeat_penalty: float = 1.0, stop=None, seed=0,
+                 on_text=None, *, repeat_last_n: int = 64, truncate: bool = False,
+                 on_prefill=None):
+        """Generate from one prompt or a list of prompts.
+
+        Args:
+            prompt: a str (BOS added as the tokenizer does), a list of token ids, or a
+                list of those (a batch; each gets exactly what it would get alone).
+            max_new_tokens: at most this many new tokens.
+            temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed: as
+                llama.cpp (see ``pipelines/sampling.py``); top_k 0 is off, seed -1 random.
+            stop: a string or list of strings; the text ends before the first one.
+            on_text: ``on_text(text)`` as text completes (``on_text(index, text)`` for a
+                batch).
+            truncate: when prompt + max_new_tokens exceed the context, keep the prompt's
+                last tokens instead of raising ``InputError``.
+            on_prefill: ``on_prefill(done, total)``: the prefill runs in chunks of
+                ``PREFILL_CHUNK`` tokens and reports after each.
+
+        Returns:
+            a ``GenerateOutput`` (``ids text finish_reason prompt_tokens prefill_s
+            decode_s``), or a list of them, in order, for a list of prompts.
+
+        Raises:
+            InputError: a bad argument or a prompt that does not fit the context.
+        """
+        self._lm()
+        sampling = checks.check_sampling(temperature, top_k, top_p, min_p, repeat_penalty,
+                                         repeat_last_n, seed)
+        max_new_tokens = checks.check_max_new_tokens(max_new_tokens)
+        stop = checks.check_stop(stop)
+        truncate = checks.check_bool("truncate", truncate)
+        if stop and self.tokenizer is None:
+            raise InputError("stop strings need a tokenizer")
+        prompts, batch = checks.split_batch(prompt)
+        requests = [GenerateRequest(checks.fit_context(self.encode(p), max_new_tokens, self.context,
+                                               truncate), max_new_tokens, sampling, stop)
+                    for p in prompts]
+        emit = on_text if batch or on_text is None else (lambda k, text: on_text(text))
+        outs = self._generate_each(requests, emit, on_prefill)
+        return outs if batch else outs[0]
+
+    def _generate_each(self, requests, on_text=None, on_prefill=None) -> list[GenerateOutput]:
+        """The requests one after the other, ``on_text(index, text)`` (a batched engine
+        takes this method's place)."""
+        outs = []
+        for k, r in enumerate(requests):
+            emit = None if on_text is None else (lambda text, k=k: on_text(k, text))
+            outs.append(generate_ids(self._lm(), self.tokenizer, r.ids, r.max_new_tokens,
+                                     Sampler(**r.sampling), on_text=emit, stop=r.stop,
+                                     prefill_chunk=PREFILL_CHUNK if on_prefill else None,
+                                     on_prefill=on_prefill))
+        return outs
+
+
+def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) -> Model:
+    """Load ``spec`` with its weights and build it once.
+
+    Args:
+        spec: a spec path or a ``Spec``.
+        weights: a path (GGUF, safetensors, HF dir, llama2.c .bin, maxdecl checkpoint),
+            a TensorDict, or None: ``models/<spec name>/`` and the known sources
+            (``weights.sources``); when nothing is found the spec's ``tiny`` variant
+            (else its default) runs on seeded random weights and ``model.note`` says so.
+        variant: the variant to select (weights' metadata still overrides its values).
+        tokenizer: a tokenizer path or object (``encode``/``decode``) replacing the one
+            that comes with the weights.
+        ctx_size: the context to enforce (None or 0: the model's ``context``).
+
+    Returns:
+        a ``Model``.
+
+    Raises:
+        InputError: bad arguments. SpecError / WeightsError / GraphError: the spec, the
+        weights, or the two together are wrong.
+
+    Example::
+
+        model = md.load_model("specs/gemma3.yaml", weights="gemma-3-270m.gguf")
+        model.params["n_layers"]      # 18
+    """
+    from .builder import build
+    from .pipelines.model_loading import open_weights
+    from .pipelines.tokenizer_embed import load_tokenizer
+    from .pipelines.tokenizer_bytes import ByteTokenizer
+    from .spec import Spec, load_spec
+    from .weights.random import program_weights
+    from .weights.sources import default_weights
+
+    checks.check_spec_arg(spec)
+    checks.check_variant(variant)
+    checks.check_weights_arg(weights)
+    checks.check_tokenizer_arg(tokenizer)
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    note, tok, params = "", None, {}
+    if weights is None:
+        weights = default_weights(spec.name, spec.file)
+    if weights is None:
+        name = variant or ("tiny" if "tiny" in spec.variants else spec.variant)
+        spec = spec.with_variant(name)
+        prog = spec.program(name)
+        td = program_weights(prog)
+        is_lm = {"tokens", "positions"} <= {p.name for p in prog.inputs}
+        tok = ByteTokenizer() if is_lm else None
+        tok_source = "random weights (bytes)" if is_lm else ""
+        note = (f"[no weights found for {spec.name} (looked in models/{spec.name}/ and known "
+                f"sources): running the '{name}' variant on seeded random weights; the "
+                f"{'text is' if is_lm else 'outputs are'} noise]")
+        source = "seeded random weights"
+    else:
+        spec, td, params, tok = open_weights(spec, weights, variant)
+        tok_source = "the weights" if tok is not None else ""
+        source = os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else "TensorDict"
+    try:
+        graph = build(spec, td, spec.variant, params)
+    except WeightsError as e:
+        raise WeightsError(f"{source} do not fit {spec.file}: {e}") from None
+    full = dict(spec.program(spec.variant, params, check_encodings=False).params)
+    if tokenizer is not None:
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tok, tok_source = load_tokenizer(tokenizer), os.fspath(tokenizer)
+        else:
+            tok, tok_source = tokenizer, "the tokenizer= argument"
+    model_ctx = full.get("context")
+    context = checks.check_ctx_size(ctx_size, model_ctx if isinstance(model_ctx, int) else None)
+    return Model(spec, graph, td, full, tok, note, source, context, tok_source)
+
+
+def generate(spec, weights, prompt, max_new_tokens: int = 16, temperature: float = 0.0,
+             top_k=None, top_p=None, seed=0, variant=None, tokenizer=None, on_text=None,
+             **kwargs):
+    """``md.load_model(spec, weights, variant, tokenizer).generate(prompt, ...)``.
+
+    Example::
+
+        out = md.generate("specs/gemma3.yaml", path, "The capital of France is",
+                          max_new_tokens=8)
+        print(out.text)
+    """
+    model = load_model(spec, weights, variant, tokenizer)
+    return model.generate(prompt, max_new_tokens, temperature, top_k, top_p, seed=seed,
+                          on_text=on_text, **kwargs)
