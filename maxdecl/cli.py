@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop before this text (repeatable)")
     r.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
                    help="context limit for prompt + new tokens; 0 is the model's")
+    r.add_argument("--lookup", type=int, default=0, metavar="N",
+                   help="prompt lookup decoding (greedy): draft up to N tokens (<= 15) from "
+                   "n-grams of the context and verify them in one step; same ids, fewer steps")
     r.add_argument("--truncate", action="store_true",
                    help="keep the prompt's last tokens when it does not fit the context "
                    "(default: an error)")

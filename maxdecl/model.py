@@ -23,6 +23,7 @@ from .runtime import compile as compile_graph
 __all__ = ["Model", "load_model", "generate", "GenerateOutput"]
 
 PREFILL_CHUNK = 256       # tokens per prefill step when progress is reported
+BATCH_MAX = 8             # sequences a list of prompts decodes together
 
 
 class Model:
@@ -109,14 +110,16 @@ class Model:
     def generate(self, prompt, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None,
                  top_p=None, min_p=None, repeat_penalty: float = 1.0, stop=None, seed=0,
                  on_text=None, *, repeat_last_n: int = 64, truncate: bool = False,
-                 on_prefill=None):
+                 on_prefill=None, lookup: int = 0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0):
         """Generate from one prompt or a list of prompts.
 
         Args:
             prompt: a str (BOS added as the tokenizer does), a list of token ids, or a
                 list of those (a batch; each gets exactly what it would get alone).
             max_new_tokens: at most this many new tokens.
-            temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed: as
+            temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+                presence_penalty, frequency_penalty: as
                 llama.cpp (see ``pipelines/sampling.py``); top_k 0 is off, seed -1 random.
             stop: a string or list of strings; the text ends before the first one.
             on_text: ``on_text(text)`` as text completes (``on_text(index, text)`` for a
@@ -124,7 +127,11 @@ class Model:
             truncate: when prompt + max_new_tokens exceed the context, keep the prompt's
                 last tokens instead of raising ``InputError``.
             on_prefill: ``on_prefill(done, total)``: the prefill runs in chunks of
-                ``PREFILL_CHUNK`` tokens and reports after each.
+                ``PREFILL_CHUNK`` tokens and reports after each (one prompt).
+            lookup: prompt lookup decoding (greedy only): draft up to ``lookup`` tokens
+                from the n-grams of the context, verify them in one step; the ids are
+                exactly those of plain greedy decoding. ``out.drafted`` /
+                ``out.accepted`` count the drafts.
 
         Returns:
             a ``GenerateOutput`` (``ids text finish_reason prompt_tokens prefill_s
@@ -135,7 +142,8 @@ class Model:
         """
         self._lm()
         sampling = checks.check_sampling(temperature, top_k, top_p, min_p, repeat_penalty,
-                                         repeat_last_n, seed)
+                                         repeat_last_n, seed, presence_penalty,
+                                         frequency_penalty)
         max_new_tokens = checks.check_max_new_tokens(max_new_tokens)
         stop = checks.check_stop(stop)
         truncate = checks.check_bool("truncate", truncate)
@@ -145,13 +153,22 @@ class Model:
         requests = [GenerateRequest(checks.fit_context(self.encode(p), max_new_tokens, self.context,
                                                truncate), max_new_tokens, sampling, stop)
                     for p in prompts]
+        lookup = checks.check_lookup(lookup)
+        if lookup and sampling["temperature"] != 0:
+            raise InputError("lookup decoding is greedy only: use temperature=0")
         emit = on_text if batch or on_text is None else (lambda k, text: on_text(text))
-        outs = self._generate_each(requests, emit, on_prefill)
+        if len(requests) == 1 and not lookup:
+            outs = self._generate_each(requests, emit, on_prefill)
+        else:
+            outs = self._generate_batch(requests, emit, lookup)
         return outs if batch else outs[0]
 
+    def _generate_batch(self, requests, on_text=None, lookup: int = 0):
+        """Several requests (or one with prompt lookup) through continuous batching."""
+        return _batch_outputs(self, requests, on_text, lookup)
+
     def _generate_each(self, requests, on_text=None, on_prefill=None) -> list[GenerateOutput]:
-        """The requests one after the other, ``on_text(index, text)`` (a batched engine
-        takes this method's place)."""
+        """One request through the plain loop (chunked prefill with progress)."""
         outs = []
         for k, r in enumerate(requests):
             emit = None if on_text is None else (lambda text, k=k: on_text(k, text))
@@ -160,6 +177,41 @@ class Model:
                                      prefill_chunk=PREFILL_CHUNK if on_prefill else None,
                                      on_prefill=on_prefill))
         return outs
+
+
+def _batch_outputs(model, requests, on_text, lookup):
+    """``requests`` decoded together (continuous batching, ``BATCH_MAX`` at a time):
+    each gets exactly the ids it gets alone (greedy), text streamed per sequence."""
+    from .pipelines.batching import BatchRunner, Request
+    from .pipelines.compile_timer import CompileTimer
+    from .pipelines.textstream import TextStream
+
+    tok = model.tokenizer
+    eos = frozenset(getattr(tok, "eos_ids", ()) or ())
+    runner = BatchRunner(model.compiled, max_batch=min(len(requests), BATCH_MAX))
+    if lookup and not runner.can_lookup:
+        raise InputError(f"{model.spec.name}: lookup decoding needs KV-cache states "
+                         "(every state growing along the sequence)")
+    items = []
+    for k, g in enumerate(requests):
+        sampler = Sampler(**g.sampling)
+        text = None if tok is None else TextStream(
+            tok, g.stop, None if on_text is None else (lambda t, k=k: on_text(k, t)))
+        req = Request(list(g.ids), None, g.max_new_tokens, eos,
+                      None if text is None else text.push, lookup=lookup)
+        req.sample = (lambda row, req=req, s=sampler: s(row, req.prompt + req.ids))
+        items.append((req, text))
+    with CompileTimer() as ct:
+        runner.run([r for r, _ in items])
+    outs = []
+    for req, text in items:
+        body = text.finish() if text is not None else ""
+        reason = "stop" if text is not None and text.stopped else req.finish_reason
+        out = GenerateOutput(list(req.ids), body, reason, len(req.prompt), req.prefill_s,
+                             req.decode_s, ct.seconds, list(req.prompt))
+        out.drafted, out.accepted = req.drafted, req.accepted
+        outs.append(out)
+    return outs
 
 
 def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) -> Model:

@@ -41,6 +41,8 @@ class GenerateOutput:
     decode_s: float = 0.0
     compile_s: float = 0.0
     prompt_ids: list = field(default_factory=list, repr=False)
+    drafted: int = 0             # prompt lookup: draft tokens proposed ...
+    accepted: int = 0            # ... and confirmed by the model
 
     @property
     def prefill_tps(self) -> float:

@@ -82,7 +82,8 @@ def check_real(name: str, x, lo: float, hi: float | None = None, *, lo_open=Fals
 
 
 def check_sampling(temperature=0.0, top_k=None, top_p=None, min_p=None, repeat_penalty=1.0,
-                   repeat_last_n=64, seed=0) -> dict:
+                   repeat_last_n=64, seed=0, presence_penalty=0.0,
+                   frequency_penalty=0.0) -> dict:
     """The sampling arguments, checked and normalised (top_k 0 -> None, seed -1 -> None).
 
     Returns a dict of the same keys; ``seed`` None means "draw a fresh random seed".
@@ -93,6 +94,8 @@ def check_sampling(temperature=0.0, top_k=None, top_p=None, min_p=None, repeat_p
     out["min_p"] = None if min_p is None else check_real("min_p", min_p, 0.0, 1.0)
     out["repeat_penalty"] = check_real("repeat_penalty", repeat_penalty, 0.0, lo_open=True)
     out["repeat_last_n"] = check_int("repeat_last_n", repeat_last_n, -1)
+    out["presence_penalty"] = check_real("presence_penalty", presence_penalty, -2.0, 2.0)
+    out["frequency_penalty"] = check_real("frequency_penalty", frequency_penalty, -2.0, 2.0)
     if seed is None:
         out["seed"] = None
     elif _is_int(seed) and int(seed) == -1:
@@ -112,6 +115,14 @@ def check_bool(name: str, x) -> bool:
 def check_max_new_tokens(n) -> int:
     """``max_new_tokens``: an int in [0, MAX_NEW_TOKENS] (``bool``, 1.5, 2**70 rejected)."""
     return check_int("max_new_tokens", n, 0, MAX_NEW_TOKENS)
+
+
+MAX_LOOKUP = 15          # draft tokens per step (a verify step stays within 16 rows)
+
+
+def check_lookup(n) -> int:
+    """``lookup``: draft tokens per step for prompt lookup decoding, 0 (off) to 15."""
+    return 0 if n is None else check_int("lookup", n, 0, MAX_LOOKUP)
 
 
 def max_threads() -> int:

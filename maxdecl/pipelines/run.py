@@ -29,6 +29,9 @@ def run_cli(args) -> int:
     threads = checks.check_threads(args.threads)
     checks.check_int("ctx_size", args.ctx_size, 0)
     stop = checks.check_stop(args.stop or None)
+    lookup = checks.check_lookup(getattr(args, "lookup", 0))
+    if lookup and sampling["temperature"] != 0:
+        raise InputError("--lookup is greedy decoding: use --temp 0")
     inputs = _parse_inputs(args.input or [])
     for opt, path in (("--weights", args.weights), ("--tokenizer", args.tokenizer)):
         if path is not None and not os.path.exists(path):
@@ -49,10 +52,11 @@ def run_cli(args) -> int:
         if inputs or args.output:
             raise InputError(f"{args.spec} is a language model: --input/--output are for "
                              "specs without a 'tokens' input; give a --prompt")
-        return _run_text(model, prompt, max_new, sampling, stop, args.truncate, compiling)
+        return _run_text(model, prompt, max_new, sampling, stop, args.truncate, compiling,
+                         lookup)
 
 
-def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> int:
+def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, lookup=0) -> int:
     tok = model.tokenizer
     if tok is None:
         raise WeightsError(f"{model.source}: no tokenizer in the weights or beside them: pass "
@@ -75,8 +79,8 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> in
     from ..model import PREFILL_CHUNK
 
     progress = _PrefillProgress() if len(ids) > 2 * PREFILL_CHUNK else None   # long prompts
-    res = model.generate(ids, max_new, stop=stop, on_text=emit, on_prefill=progress,
-                         **sampling)
+    res = model.generate(ids, max_new, stop=stop, on_text=emit,
+                         on_prefill=None if lookup else progress, lookup=lookup, **sampling)
     out.write("\n")
     n = len(res.ids)
     decode = (f"{res.decode_tps:.1f} tokens/s" if n > 1
@@ -84,9 +88,12 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling) -> in
     built = (f"; kernels compiled in {compiling.seconds:.1f} s (not counted)" if compiling.count
              else f"; kernels loaded in {compiling.seconds:.2f} s (not counted)"
              if compiling.seconds >= 0.01 else "")
+    looked = (f"; lookup: {res.accepted} of {res.drafted} drafted tokens accepted "
+              f"({100 * res.accepted / res.drafted:.0f}%)" if res.drafted else
+              "; lookup: no draft found" if lookup else "")
     print(f"[{res.prompt_tokens} prompt tokens: {res.prefill_tps:.1f} tokens/s; "
           f"{n} generated token{'' if n == 1 else 's'}: {decode}; "
-          f"finish: {res.finish_reason}{built}]", flush=True)
+          f"finish: {res.finish_reason}{looked}{built}]", flush=True)
     return 0
 
 

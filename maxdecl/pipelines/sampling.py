@@ -1,10 +1,12 @@
 """Next-token choice from a logits row, in llama.cpp's order:
 
-    repeat penalty -> top-k -> top-p -> min-p -> temperature -> draw
+    penalties -> top-k -> top-p -> min-p -> temperature -> draw
 
-* repeat penalty: each distinct id among the last ``repeat_last_n`` tokens of the
-  context (prompt and generated) has its logit divided by ``repeat_penalty`` when
-  positive, multiplied by it when negative (llama.cpp's ``penalty_repeat``);
+* penalties, over the last ``repeat_last_n`` tokens of the context (prompt and
+  generated): each distinct id has its logit divided by ``repeat_penalty`` when
+  positive, multiplied by it when negative (llama.cpp's ``penalty_repeat``), then
+  lowered by ``presence_penalty`` once and by ``frequency_penalty`` per occurrence
+  (OpenAI's and llama.cpp's ``penalty_present`` / ``penalty_freq``);
 * top-k keeps the ``top_k`` largest logits; top-p the smallest set of the most likely
   tokens whose probability reaches ``top_p``; min-p the tokens whose probability is at
   least ``min_p`` times the top one's. Probabilities here are the softmax of the
@@ -36,8 +38,12 @@ class Sampler:
     def __init__(self, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = 0, *,
                  min_p: float | None = None, repeat_penalty: float = 1.0,
-                 repeat_last_n: int = 64):
-        p = check_sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+                 repeat_last_n: int = 64, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0):
+        p = check_sampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed,
+                           presence_penalty, frequency_penalty)
+        self.presence_penalty = p["presence_penalty"]
+        self.frequency_penalty = p["frequency_penalty"]
         self.temperature, self.top_k, self.top_p = p["temperature"], p["top_k"], p["top_p"]
         self.min_p, self.repeat_penalty = p["min_p"], p["repeat_penalty"]
         self.repeat_last_n = p["repeat_last_n"]
@@ -45,15 +51,18 @@ class Sampler:
         self.rng = np.random.default_rng(self.seed)
 
     def penalize(self, logits: np.ndarray, context=()) -> np.ndarray:
-        """``logits`` (float64) with the repeat penalty applied for ids in ``context``."""
-        if self.repeat_penalty == 1.0 or self.repeat_last_n == 0 or not len(context):
+        """``logits`` (float64) with the penalties applied for the ids in ``context``."""
+        if (self.repeat_penalty == 1.0 and not self.presence_penalty
+                and not self.frequency_penalty) or self.repeat_last_n == 0 or not len(context):
             return logits
         window = context if self.repeat_last_n < 0 else context[-self.repeat_last_n:]
-        ids = np.unique(np.asarray(window, np.int64))
-        ids = ids[(ids >= 0) & (ids < logits.size)]
+        ids, counts = np.unique(np.asarray(window, np.int64), return_counts=True)
+        keep = (ids >= 0) & (ids < logits.size)
+        ids, counts = ids[keep], counts[keep]
         z = logits[ids]
         logits = logits.copy()
-        logits[ids] = np.where(z > 0, z / self.repeat_penalty, z * self.repeat_penalty)
+        z = np.where(z > 0, z / self.repeat_penalty, z * self.repeat_penalty)
+        logits[ids] = z - self.presence_penalty - self.frequency_penalty * counts
         return logits
 
     def __call__(self, logits: np.ndarray, context=()) -> int:

@@ -17,13 +17,13 @@ __all__ = ["Server", "Engine", "Handle", "Completion", "build_app", "sampling_fr
 
 
 def make_sampler(params: dict, prompt_ids: list):
-    """The sampler of one request (temperature 0 is greedy; top_k 0 means off)."""
+    """The ``Sampler`` of one request (``sampler(logits_row, context) -> id``), from the
+    fields ``sampling_from`` checked."""
     from ..pipelines.sampling import Sampler
 
-    top_k = params.get("top_k") or None
-    top_p = params.get("top_p")
-    return Sampler(params.get("temperature", 0.0), top_k, None if top_p == 1.0 else top_p,
-                   params.get("seed", 0) % (1 << 64))
+    keys = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+            "frequency_penalty", "seed")
+    return Sampler(**{k: params[k] for k in keys if k in params})
 
 
 def open_server(spec, weights=None, variant=None, parallel: int = 4, chat_template=None,

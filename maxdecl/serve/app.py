@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 
@@ -38,32 +37,39 @@ def _error(e: BadRequest):
                                    "code": e.code}}, status_code=e.status)
 
 
-def _number(body, key, default, lo, hi, integer=False, open_lo=False):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    kind = "an integer" if integer else "a number"
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise BadRequest(f"'{key}' must be {kind}, got {json.dumps(v)[:40]}", param=key)
-    if not math.isfinite(v) or v < lo or (open_lo and v == lo) or v > hi:
-        low = f"> {lo}" if open_lo else f">= {lo}"
-        raise BadRequest(f"'{key}' must be {low} and <= {hi}, got {v}", param=key)
-    return v
+_SAMPLING = {          # OpenAI / llama-server field -> (check_sampling argument, default)
+    "temperature": ("temperature", 1.0), "top_p": ("top_p", None), "top_k": ("top_k", None),
+    "min_p": ("min_p", None), "repeat_penalty": ("repeat_penalty", 1.0),
+    "presence_penalty": ("presence_penalty", 0.0),
+    "frequency_penalty": ("frequency_penalty", 0.0), "seed": ("seed", 0),
+}
 
 
 def sampling_from(body: dict) -> dict:
-    """The sampling fields of an OpenAI request, checked (BadRequest names the field)."""
-    out = {
-        "max_tokens": _number(body, "max_tokens", MAX_TOKENS_DEFAULT, 0, 1 << 20, True),
-        "temperature": _number(body, "temperature", 1.0, 0.0, 100.0),
-        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, open_lo=True),
-        "top_k": _number(body, "top_k", 0, 0, 1 << 30, True),
-        "min_p": _number(body, "min_p", 0.0, 0.0, 1.0),
-        "seed": _number(body, "seed", 0, -(1 << 63), (1 << 64) - 1, True),
-    }
-    if "max_completion_tokens" in body and "max_tokens" not in body:
-        out["max_tokens"] = _number(body, "max_completion_tokens", MAX_TOKENS_DEFAULT, 0,
-                                    1 << 20, True)
+    """The sampling fields of an OpenAI request, checked by the same rules as the CLI
+    and the API (``pipelines.params``); BadRequest names the field."""
+    from ..errors import InputError
+    from ..pipelines import params as checks
+
+    args = {}
+    for key, (arg, default) in _SAMPLING.items():
+        v = body.get(key, default)
+        if v is None:
+            v = default
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise BadRequest(f"'{key}' must be a number, got {json.dumps(v)[:40]}", param=key)
+        args[arg] = v
+    tokens_key = "max_tokens" if "max_tokens" in body or "max_completion_tokens" not in body \
+        else "max_completion_tokens"
+    try:
+        out = checks.check_sampling(**args)
+        raw = body.get(tokens_key)
+        out["max_tokens"] = checks.check_max_new_tokens(MAX_TOKENS_DEFAULT if raw is None
+                                                        else raw)
+    except InputError as e:
+        word = str(e).split(" ", 1)[0].strip("'")
+        field = tokens_key if word == "max_new_tokens" else word
+        raise BadRequest(str(e).replace("max_new_tokens", tokens_key), param=field) from None
     n = body.get("n", 1)
     if n != 1:
         raise BadRequest("only n = 1 is supported", param="n")

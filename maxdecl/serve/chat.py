@@ -46,7 +46,7 @@ def chat_cli(args, stdin=None, stdout=None) -> int:
     editor = _line_editor() if stdin.isatty() else None
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
-    params = {"temperature": args.temperature, "seed": args.seed, "top_k": 0, "top_p": 1.0}
+    params = {"temperature": args.temperature, "seed": args.seed}
     print(f"maxdecl chat: {server.model_name}. /reset starts over, /exit leaves.",
           file=sys.stderr)
     try:

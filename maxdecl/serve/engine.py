@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import MaxdeclError
 from ..pipelines.batching import BatchRunner, Request
-from ..pipelines.stops import StopStrings
+from ..pipelines.textstream import TextStream
 
 
 @dataclass
@@ -38,8 +38,8 @@ class Completion:
 class Handle:
     """A submitted request: ``cancel()`` it, or ``wait()`` for its Completion."""
 
-    def __init__(self, request: Request, stops: StopStrings, prompt_tokens: int):
-        self.request, self._stops, self.prompt_tokens = request, stops, prompt_tokens
+    def __init__(self, request: Request, text: TextStream, prompt_tokens: int):
+        self.request, self._text, self.prompt_tokens = request, text, prompt_tokens
         self._done = threading.Event()
         self.cancelled = False
         self.error: BaseException | None = None
@@ -59,29 +59,8 @@ class Handle:
         if self.error is not None:
             raise self.error
         r = self.request
-        return Completion(self._stops.text, list(r.ids), r.finish_reason, self.prompt_tokens,
+        return Completion(self._text.stops.text, list(r.ids), r.finish_reason, self.prompt_tokens,
                           r.prefill_s, r.decode_s)
-
-
-class _DecodeSoFar:
-    """A stream decoder for tokenizers without one: decode all ids so far and emit the
-    new text, holding back a tail that ends in an incomplete UTF-8 character."""
-
-    def __init__(self, tok):
-        self.tok, self.ids, self.sent = tok, [], ""
-
-    def push(self, tid: int) -> str:
-        self.ids.append(tid)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        new, self.sent = text[len(self.sent):], text
-        return new
-
-    def flush(self) -> str:
-        text = self.tok.decode(self.ids) if self.ids else ""
-        new, self.sent = text[len(self.sent):], text
-        return new
 
 
 class Engine:
@@ -105,7 +84,8 @@ class Engine:
 
     def submit(self, prompt_ids: list, sampler, max_tokens: int, stop=(),
                emit=None) -> Handle:
-        """Queue a sequence; ``emit(text, finish_reason_or_None)`` streams its text."""
+        """Queue a sequence; ``sampler(logits_row, context_ids) -> id`` picks its tokens,
+        ``emit(text, finish_reason_or_None)`` streams its text."""
         if self._closed.is_set():
             raise MaxdeclError("the engine is shut down")
         if not prompt_ids:
@@ -115,22 +95,17 @@ class Engine:
                                f"({max_tokens}) exceeds the model's context of "
                                f"{self.context} tokens")
         tok = self.tokenizer
-        stream = tok.stream_decoder(continuation=True) if hasattr(tok, "stream_decoder") \
-            else _DecodeSoFar(tok)
-        stops = StopStrings(stop)
+        text = TextStream(tok, stop, None if emit is None else (lambda t: emit(t, None)))
         eos = frozenset(getattr(tok, "eos_ids", ()) or ())
         holder: dict = {}
 
         def on_token(tid: int) -> bool:
-            piece = stream.push(tid)
-            text = stops.push(piece) if piece else ""
-            if text and emit is not None:
-                emit(text, None)
-            return stops.stopped or holder["handle"].cancelled
+            return text.push(tid) or holder["handle"].cancelled
 
-        request = Request(list(prompt_ids), sampler, int(max_tokens), eos, on_token)
-        handle = holder["handle"] = Handle(request, stops, len(prompt_ids))
-        handle._stream, handle._emit = stream, emit
+        request = Request(list(prompt_ids), None, int(max_tokens), eos, on_token)
+        request.sample = lambda row: sampler(row, request.prompt + request.ids)
+        handle = holder["handle"] = Handle(request, text, len(prompt_ids))
+        handle._emit = emit
         self._inbox.put(handle)
         return handle
 
@@ -183,14 +158,13 @@ class Engine:
     def _finish(h: Handle) -> None:
         if h.done:
             return
-        tail = h._stream.flush()
-        text = (h._stops.push(tail) if tail else "") + h._stops.flush()
+        before = len(h._text.stops.text)
+        h._text.emit = None                            # the tail goes out with the reason
+        tail = h._text.finish()[before:]
         reason = h.request.finish_reason
-        if reason not in ("stop", "length", "error"):
-            reason = "stop"
-        if h._stops.stopped or h.cancelled:
+        if reason not in ("stop", "length", "error") or h._text.stopped or h.cancelled:
             reason = "stop"
         h.request.finish_reason = reason
         if h._emit is not None and h.error is None:
-            h._emit(text, reason)
+            h._emit(tail, reason)
         h._done.set()

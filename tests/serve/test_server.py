@@ -142,9 +142,11 @@ def test_maxdecl_serve_starts_answers_and_stops_on_sigterm():
     import sys
     import time
 
-    from conftest import free_port
+    import socket
 
-    port = free_port()
+    with socket.socket() as sock:                 # a free port on the loopback
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "maxdecl", "serve", str(SPECS / "llama3.yaml"),
                              "--port", str(port), "--parallel", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
