@@ -3,9 +3,10 @@
 ``normalize`` cannot see the input's rank, so it stores a canonical form and the rule
 (and the runtime) expands it by the rank:
 
-* canonical form: one int when every spatial dim (and side) has the same value, else
-  one value per spatial dim, d first (``padding``: before and after per dim). So ``3``
-  and ``(3, 3)`` give the same node, and ``padding=(1, 2)`` is stored as ``(1, 1, 2, 2)``.
+* canonical form: an int stays an int (every spatial dim, every side); a sequence
+  becomes a tuple with one value per spatial dim, d first, and ``padding`` one pair
+  (before, after) per dim: ``padding=(1, 2)`` is stored as ``(1, 1, 2, 2)``. A tuple
+  keeps its length, so one written for 2 dims on 3-D input is an error, as in torch.
 * ``per_dim`` / ``per_side`` expand a canonical value for ``nd`` spatial dims and say
   so when a tuple was written for another number of dims.
 
@@ -25,28 +26,28 @@ def _ints(value, what: str, least: int) -> tuple:
     return vals
 
 
-def _collapse(vals: tuple):
-    return vals[0] if len(set(vals)) == 1 else vals
-
-
 def canon(value, what: str, least: int = 1):
     """An int or one int per spatial dim (2 or 3 of them) -> the canonical form."""
     vals = _ints(value, what, least)
-    if len(vals) not in (1, 2, 3):
+    if isinstance(value, int):
+        return value
+    if len(vals) not in (2, 3):
         raise ValueError(f"{what} must be an int or 2 or 3 ints (one per spatial dim), "
                          f"got {value!r}")
-    return _collapse(vals)
+    return vals
 
 
 def canon_padding(value):
     """int (all sides), nd ints (before = after) or 2*nd ints (before, after per dim)."""
     vals = _ints(value, "padding", 0)
+    if isinstance(value, int):
+        return value
     if len(vals) in (2, 3):
         vals = tuple(v for p in vals for v in (p, p))
-    elif len(vals) not in (1, 4, 6):
+    elif len(vals) not in (4, 6):
         raise ValueError(f"padding must be an int, 2 or 3 ints (one per spatial dim) or 4 or "
                          f"6 ints (before, after per dim), got {value!r}")
-    return _collapse(vals)
+    return vals
 
 
 def per_dim(value, nd: int, what: str) -> tuple:
