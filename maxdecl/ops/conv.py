@@ -55,7 +55,7 @@ def window_out_size(size, k, stride, dilation, before, after, ceil_mode=False) -
     ``ceil_mode`` rounds up but drops a last window that would start inside the
     trailing padding (as torch does): so a kernel larger than the padded input still
     gives one window when the stride exceeds the shortfall (torch's floor division of
-    a negative span). The result may be <= 0 when nothing fits.
+    a negative span). The result is 0 when nothing fits.
     """
     span = size + before + after - dilation * (k - 1) - 1
     n = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
