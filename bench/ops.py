@@ -1,7 +1,8 @@
 """Op speed against torch CPU in the same run (by hand: ``python bench/ops.py``).
 
 conv2d (ResNet-like 3x3 and 1x1 layers, batch 1 and 8; ours NHWC/RSCF, torch NCHW),
-conv_transpose (a decoder's 2x upsampling, batch 1 and 8), causal attention (seq 512, 8 heads, head dim 64; torch SDPA) and layer_norm.
+conv_transpose (a decoder's 2x upsampling, batch 1 and 8), causal attention (seq 512,
+8 heads, head dim 64; torch SDPA) and layer_norm.
 Both sides use 2 threads. Prints medians over repeats and ours/torch ratios; on a
 shared machine compare ratios, not absolute times.
 """

@@ -161,7 +161,8 @@ def _build_pool(c):
                 raise Unmapped("MaxPool Indices with padding over half the kernel")
             xt = _pad_lowest(g, xt, p2, x.dtype)
             kw["padding"] = 0
-        outs = list(md.ops.max_pool(xt, return_indices=indices, **kw)) if indices             else [md.ops.max_pool(xt, **kw)]
+        y = md.ops.max_pool(xt, return_indices=indices, **kw)
+        outs = list(y) if indices else [y]
     outs = [md.ops.transpose(y, back) for y in outs]
     if len(outs) > 1:   # per-image position -> position in the whole N, C, spatial tensor
         n, ch = x.shape[:2]
@@ -225,7 +226,6 @@ def _build_conv_transpose(c):
 
 def build(c: Case):
     """(graph, runtime inputs) for case ``c``; raises Unmapped when it does not fit."""
-    f = md.TensorType
     a = c.attrs
     if c.op in ("AveragePool", "MaxPool"):
         return _build_pool(c)
@@ -275,11 +275,11 @@ def build(c: Case):
         return g, c.inputs
     if c.op == "Tile":
         x, reps = c.inputs
-        g = md.Graph(c.name, [f(md.DType.from_numpy(x.dtype), x.shape)])
+        g = md.Graph(c.name, _types([x]))
         g.output(md.ops.tile(g.inputs[0], [int(r) for r in reps]))
         return g, [x]
     if c.op == "Where":
-        g = md.Graph(c.name, [f(md.DType.from_numpy(v.dtype), v.shape) for v in c.inputs])
+        g = md.Graph(c.name, _types(c.inputs))
         g.output(md.ops.select(*g.inputs))
         return g, c.inputs
     raise Unmapped(c.op)
