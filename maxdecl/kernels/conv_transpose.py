@@ -1,9 +1,10 @@
 """Runtime of ``conv_transpose`` (``maxdecl.ops.conv_transpose``) on channels-last 3-D data
 (2-D uses depth 1).
 
-Per group, one BLAS GEMM multiplies every input pixel by the filter: ``cols[n, i, k, f]
-= sum_c x[n, i, c] * w[k, f, c]``; then ``_col2im`` gathers, for each output pixel,
-the taps that land on it (``o = i * stride - pad_before + k * dilation``), output
+groups == 1: one BLAS GEMM multiplies every input pixel by the filter, ``cols[n, i, k,
+f] = sum_c x[n, i, c] * w[k, f, c]``; then ``_col2im`` gathers, for each output pixel,
+the taps that land on it (``o = i * stride - pad_before + k * dilation``). groups > 1
+(depthwise included): ``_grouped`` gathers and multiplies directly. Both run output
 rows in parallel, so no two threads write one value.
 """
 
@@ -19,18 +20,18 @@ _COLS_LIMIT = 1 << 25  # GEMM result floats per chunk (128 MiB); larger batches 
 
 
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _col2im(cols, out, f0, st, dl, pb):
-    # cols: (N, D, H, W, KD, KH, KW, Fg) f32 -> out[..., f0:f0+Fg] of (N, OD, OH, OW, F) f32
-    # out[n, o, f0 + f] = sum of cols[n, i, k, f] over i, k with o = i*st - pb + k*dl
-    N, D, H, W, KD, KH, KW, Fg = cols.shape
+def _col2im(cols, out, st, dl, pb):
+    # cols: (N, D, H, W, KD, KH, KW, F) f32 -> out: (N, OD, OH, OW, F) f32
+    # out[n, o, f] = sum of cols[n, i, k, f] over i, k with o = i*st - pb + k*dl
+    N, D, H, W, KD, KH, KW, F = cols.shape
     _, OD, OH, OW, _ = out.shape
     for row in numba.prange(N * OD * OH):
         n = row // (OD * OH)
         od = (row // OH) % OD
         oh = row % OH
         for ow in range(OW):
-            for f in range(Fg):
-                out[n, od, oh, ow, f0 + f] = 0.0
+            for f in range(F):
+                out[n, od, oh, ow, f] = 0.0
             for q in range(KD):
                 tz = od + pb[0] - q * dl[0]
                 if tz < 0 or tz % st[0] != 0 or tz // st[0] >= D:
@@ -46,8 +47,50 @@ def _col2im(cols, out, f0, st, dl, pb):
                         if tx < 0 or tx % st[2] != 0 or tx // st[2] >= W:
                             continue
                         ix = tx // st[2]
-                        for f in range(Fg):
-                            out[n, od, oh, ow, f0 + f] += cols[n, iz, iy, ix, q, r, s, f]
+                        for f in range(F):
+                            out[n, od, oh, ow, f] += cols[n, iz, iy, ix, q, r, s, f]
+
+
+@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
+def _grouped(x, w, out, groups, st, dl, pb):
+    # x: (N, D, H, W, C) f32; w: (KD, KH, KW, F/groups, C) f32 -> out: (N, OD, OH, OW, F) f32
+    # out[n, o, g*Fg + f] = sum over i, k with o = i*st - pb + k*dl and c < C/groups of
+    #                       x[n, i, g*Cg + c] * w[k, f, g*Cg + c]
+    N, D, H, W, C = x.shape
+    KD, KH, KW, Fg, _ = w.shape
+    _, OD, OH, OW, F = out.shape
+    Cg = C // groups
+    for row in numba.prange(N * OD * OH):
+        n = row // (OD * OH)
+        od = (row // OH) % OD
+        oh = row % OH
+        for ow in range(OW):
+            for f in range(F):
+                out[n, od, oh, ow, f] = 0.0
+            for q in range(KD):
+                tz = od + pb[0] - q * dl[0]
+                if tz < 0 or tz % st[0] != 0 or tz // st[0] >= D:
+                    continue
+                iz = tz // st[0]
+                for r in range(KH):
+                    ty = oh + pb[1] - r * dl[1]
+                    if ty < 0 or ty % st[1] != 0 or ty // st[1] >= H:
+                        continue
+                    iy = ty // st[1]
+                    for s in range(KW):
+                        tx = ow + pb[2] - s * dl[2]
+                        if tx < 0 or tx % st[2] != 0 or tx // st[2] >= W:
+                            continue
+                        ix = tx // st[2]
+                        if Cg == 1 and Fg == 1:     # depthwise: one vector loop
+                            for f in range(F):
+                                out[n, od, oh, ow, f] += x[n, iz, iy, ix, f] * w[q, r, s, 0, f]
+                        else:
+                            for g in range(groups):
+                                for c in range(g * Cg, (g + 1) * Cg):
+                                    xv = x[n, iz, iy, ix, c]
+                                    for f in range(Fg):
+                                        out[n, od, oh, ow, g * Fg + f] += xv * w[q, r, s, f, c]
 
 
 def conv_transpose_ndhwc(x, w, stride, dilation, padding, groups, outs, bias=None):
@@ -68,22 +111,21 @@ def conv_transpose_ndhwc(x, w, stride, dilation, padding, groups, outs, bias=Non
                          f"{padding} or outs {outs}")
     N, D, H, W, C = x.shape
     KD, KH, KW, Fg, _ = w.shape
-    Cg, F = C // groups, Fg * groups
+    F = Fg * groups
     if bias is not None and np.size(bias) != F:
         raise ValueError(f"conv_transpose: bias has {np.size(bias)} values for {F} channels")
     st, dl = np.array(stride, np.int64), np.array(dilation, np.int64)
     pb = np.array(padding[0::2], np.int64)
     out = np.empty((N, *(int(o) for o in outs), F), np.float32)
-    per = max(1, _COLS_LIMIT // max(1, D * H * W * KD * KH * KW * Fg))
-    for g in range(groups):
-        # (Cg, KD*KH*KW*Fg): the group's filter with its input channels first
-        wg = np.ascontiguousarray(np.moveaxis(w[..., g * Cg:(g + 1) * Cg], -1, 0))
-        wg = wg.reshape(Cg, -1)
+    if out.size and groups > 1:
+        _grouped(x, w, out, groups, st, dl, pb)
+    elif out.size:
+        wm = w.reshape(-1, C).T                      # (C, KD*KH*KW*F)
+        per = max(1, _COLS_LIMIT // max(1, D * H * W * wm.shape[1]))
         for n0 in range(0, N, per):
-            xs = x[n0:n0 + per, ..., g * Cg:(g + 1) * Cg].reshape(-1, Cg)
-            cols = (xs @ wg).reshape(-1, D, H, W, KD, KH, KW, Fg)
-            if out[n0:n0 + per].size:
-                _col2im(cols, out[n0:n0 + per], g * Fg, st, dl, pb)
+            xs = x[n0:n0 + per]
+            cols = (xs.reshape(-1, C) @ wm).reshape(xs.shape[0], D, H, W, KD, KH, KW, F)
+            _col2im(cols, out[n0:n0 + per], st, dl, pb)
     if bias is not None:
         out += np.asarray(bias, dtype=np.float32)
     return out
