@@ -1,7 +1,8 @@
 """Op speed against torch CPU in the same run (by hand: ``python bench/ops.py``).
 
 conv2d (ResNet-like 3x3 and 1x1 layers, batch 1 and 8; ours NHWC/RSCF, torch NCHW),
-causal attention (seq 512, 8 heads, head dim 64; torch SDPA) and layer_norm.
+conv_transpose (a decoder's 2x upsampling, batch 1 and 8), causal attention (seq 512,
+8 heads, head dim 64; torch SDPA) and layer_norm.
 Both sides use 2 threads. Prints medians over repeats and ours/torch ratios; on a
 shared machine compare ratios, not absolute times.
 """
@@ -61,6 +62,16 @@ def main() -> None:
             with torch.no_grad():
                 theirs = median_ms(lambda: F.conv2d(tx, tw, padding=pad))
             rows.append((f"conv2d b{batch} {label}", ours, theirs))
+
+    for batch in (1, 8):     # a decoder's upsampling: 4x4, stride 2, padding 1, 64 -> 32
+        x = rng.standard_normal((batch, 28, 28, 64)).astype(f32)
+        w = rng.standard_normal((4, 4, 32, 64)).astype(f32) * 0.05
+        ours = median_ms(graph_fn(lambda v: md.ops.conv_transpose(v, w, stride=2, padding=1), x))
+        tx = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+        tw = torch.from_numpy(w.transpose(3, 2, 0, 1).copy())
+        with torch.no_grad():
+            theirs = median_ms(lambda: F.conv_transpose2d(tx, tw, stride=2, padding=1))
+        rows.append((f"conv_transpose b{batch} 4x4 s2 64->32 28x28", ours, theirs))
 
     s, h, d = 512, 8, 64
     q, k, v = (rng.standard_normal((1, s, h, d)).astype(f32) for _ in range(3))

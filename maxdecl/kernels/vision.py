@@ -1,12 +1,14 @@
 """Runtime of the convolution and pooling ops (``maxdecl.ops.conv``, ``maxdecl.ops.pool``):
-layouts moved to channels-last 3-D, then the numba kernels of ``conv`` and ``pool``."""
+layouts moved to channels-last 3-D, then the numba kernels of ``conv`` and ``pool``
+(``pool3d`` for 3-D pools and max pooling with indices)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..ops.conv import window_out_size
-from . import conv, pool
+from ..ops.pool import window
+from . import conv, pool, pool3d
 
 
 def _to_cl3(x, w, attrs, nd):
@@ -40,24 +42,41 @@ def _run(nd):
     return run
 
 
-def _run_outs(x, attrs):
-    p = attrs["padding"]
-    return tuple(window_out_size(x.shape[1 + i], attrs["kernel_size"][i], attrs["stride"][i],
-                                 attrs["dilation"][i], p[2 * i], p[2 * i + 1],
-                                 attrs["ceil_mode"]) for i in range(2))
+def _pool_window(x, attrs):
+    """(kernel, stride, dilation, padding, outs) of a pool node for x's spatial rank."""
+    nd = x.ndim - 2
+    k, s, d, p = window(attrs, nd)
+    outs = tuple(window_out_size(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
+                                 attrs["ceil_mode"]) for i in range(nd))
+    return k, s, d, p, outs
+
+
+def _as3d(x, k, s, d, p, outs):
+    """A 2-D pool's array and window as depth-1 3-D ones."""
+    return x[:, None], (1, *k), (1, *s), (1, *d), (0, 0, *p), (1, *outs)
 
 
 def _avg_run(args, attrs):
     x = args[0]
-    out = pool.avg_pool_nhwc(x, attrs["kernel_size"], attrs["stride"], attrs["dilation"],
-                             attrs["padding"], attrs["count_boundary"], _run_outs(x, attrs))
+    win = _pool_window(x, attrs)
+    if x.ndim == 4:
+        out = pool.avg_pool_nhwc(x, *win[:4], attrs["count_boundary"], win[4])
+    else:
+        out = pool3d.avg_pool_ndhwc(x, *win[:4], attrs["count_boundary"], win[4])
     return [out.astype(x.dtype, copy=False)]
 
 
 def _max_run(args, attrs):
     x = args[0]
-    return [pool.max_pool_nhwc(x, attrs["kernel_size"], attrs["stride"], attrs["dilation"],
-                               attrs["padding"], _run_outs(x, attrs))]
+    win = _pool_window(x, attrs)
+    xw = x.astype(np.float32) if x.dtype == np.float16 else x   # numba has no float16; exact
+    if x.ndim == 4 and not attrs["return_indices"]:
+        return [pool.max_pool_nhwc(xw, *win).astype(x.dtype, copy=False)]
+    out, idx = pool3d.max_pool_ndhwc(*(_as3d(xw, *win) if x.ndim == 4 else (xw, *win)))
+    if x.ndim == 4:
+        out, idx = out[:, 0], idx[:, 0]
+    out = out.astype(x.dtype, copy=False)
+    return [out, idx] if attrs["return_indices"] else [out]
 
 
 RUN = {"conv2d": _run(2), "conv3d": _run(3), "avg_pool": _avg_run, "max_pool": _max_run}

@@ -28,6 +28,7 @@ from .reduction import *  # noqa: F403
 from .shape import *  # noqa: F403
 from .norm import *  # noqa: F403
 from .conv import *  # noqa: F403
+from .conv_transpose import *  # noqa: F403
 from .pool import *  # noqa: F403
 from .transformer import *  # noqa: F403
 from .custom import *  # noqa: F403

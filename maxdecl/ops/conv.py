@@ -53,15 +53,15 @@ def window_out_size(size, k, stride, dilation, before, after, ceil_mode=False) -
     """Output length of a window sweep over one int dim, torch's formula.
 
     ``ceil_mode`` rounds up but drops a last window that would start inside the
-    trailing padding (as torch does); the result may be <= 0 when nothing fits.
+    trailing padding (as torch does): so a kernel larger than the padded input still
+    gives one window when the stride exceeds the shortfall (torch's floor division of
+    a negative span). The result is 0 when nothing fits.
     """
     span = size + before + after - dilation * (k - 1) - 1
-    if span < 0:
-        return 0
     n = (span + (stride - 1 if ceil_mode else 0)) // stride + 1
-    if ceil_mode and (n - 1) * stride >= size + before:
+    if ceil_mode and n > 0 and (n - 1) * stride >= size + before:
         n -= 1
-    return n
+    return max(n, 0)
 
 
 def window_out(size, k, stride, dilation, before, after, ceil_mode=False, what="kernel"):

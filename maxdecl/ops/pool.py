@@ -1,19 +1,27 @@
-"""Pooling on NHWC input (MAX v24.4): ``avg_pool`` and ``max_pool``.
+"""Pooling on NHWC input, or NDHWC for 3-D pooling (the rank decides): ``avg_pool`` and
+``max_pool`` (MAX v24.4 layouts).
 
-Attribute forms (canonicalised when the node is made, as for ``conv2d``):
+Attribute forms (canonicalised when the node is made; see ``_window``):
 
-* ``kernel_size``, ``stride``, ``dilation``: an int (both dims) or ``(h, w)``.
-  The default stride is 1, as in MAX (torch's default is the kernel size).
-* ``padding``: an int (all sides), ``(ph, pw)`` (same before and after) or
-  ``(h_before, h_after, w_before, w_after)``. Padding never wins a max and counts
-  as zeros in an average only when ``count_boundary``.
+* ``kernel_size``, ``stride``, ``dilation``: an int (every spatial dim) or one int per
+  spatial dim (``(h, w)``, or ``(d, h, w)`` in 3-D). The default stride is 1, as in
+  MAX (torch's default is the kernel size).
+* ``padding``: an int (all sides), one int per spatial dim (same before and after) or
+  before/after per dim: ``(h_before, h_after, w_before, w_after)`` (6 values in 3-D,
+  d first). Padding never wins a max and counts as zeros in an average only when
+  ``count_boundary``. A max pool's padding is at most half its effective kernel
+  ``dilation * (k - 1) + 1`` on each side (torch's rule).
 * ``ceil_mode``: round the output size up, but drop a last window that would start
-  inside the trailing padding (as torch).
+  inside the trailing padding (as torch); so a kernel larger than the input still
+  gives one window when the stride allows it, as in torch.
 * ``count_boundary`` (avg only): True divides by the taps inside the padded input
   (torch ``count_include_pad=True``); False by the taps inside the real input.
+* ``return_indices`` (max only): a second output, int64, holding for each maximum its
+  flat position in its input image: ``h * W + w`` (3-D: ``(d * H + h) * W + w``), per
+  batch and channel, as torch's ``max_pool2d(..., return_indices=True)``.
 
 A window with no tap inside the input gives 0 (avg) or the dtype's lowest value
-(max: -inf for floats).
+(max: -inf for floats, index -1).
 """
 
 from __future__ import annotations
@@ -21,27 +29,38 @@ from __future__ import annotations
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
 from ._registry import REQUIRED, apply, define
-from .conv import expand, expand_padding, window_out
+from ._window import canon, canon_padding, per_dim, per_side
+from .conv import window_out
 
 __all__ = ["avg_pool", "max_pool"]
 
 
 def _normalize(attrs):
-    out = {**attrs, "kernel_size": expand(attrs["kernel_size"], 2, "kernel_size"),
-           "stride": expand(attrs["stride"], 2, "stride"),
-           "dilation": expand(attrs["dilation"], 2, "dilation"),
-           "padding": expand_padding(attrs["padding"], 2),
+    out = {**attrs, "kernel_size": canon(attrs["kernel_size"], "kernel_size"),
+           "stride": canon(attrs["stride"], "stride"),
+           "dilation": canon(attrs["dilation"], "dilation"),
+           "padding": canon_padding(attrs["padding"]),
            "ceil_mode": bool(attrs["ceil_mode"])}
-    if "count_boundary" in attrs:
-        out["count_boundary"] = bool(attrs["count_boundary"])
+    for flag in ("count_boundary", "return_indices"):
+        if flag in attrs:
+            out[flag] = bool(attrs[flag])
     return out
 
 
-def _outs(shape, attrs):
-    p = attrs["padding"]
-    return tuple(window_out(shape[1 + i], attrs["kernel_size"][i], attrs["stride"][i],
-                            attrs["dilation"][i], p[2 * i], p[2 * i + 1], attrs["ceil_mode"])
-                 for i in range(2))
+def window(attrs, nd: int) -> tuple:
+    """(kernel, stride, dilation, padding) of a pool node as tuples for ``nd`` dims."""
+    return (per_dim(attrs["kernel_size"], nd, "kernel_size"),
+            per_dim(attrs["stride"], nd, "stride"),
+            per_dim(attrs["dilation"], nd, "dilation"), per_side(attrs["padding"], nd))
+
+
+def _max_padding_check(k, d, p) -> None:
+    for i, (kk, dd) in enumerate(zip(k, d)):
+        eff = dd * (kk - 1) + 1
+        if max(p[2 * i], p[2 * i + 1]) > eff // 2:
+            raise ValueError(f"padding ({p[2 * i]}, {p[2 * i + 1]}) of spatial dim {i} is over "
+                             f"half the effective kernel {eff} (size {kk}, dilation {dd}): at "
+                             f"most {eff // 2} per side, as in torch")
 
 
 def _infer(name):
@@ -53,25 +72,40 @@ def _infer(name):
             _checks.float_input(x)
         elif x.dtype == DType.bool:
             raise TypeError(f"max_pool of a bool tensor: cast it first (got {x.type})")
-        if x.rank != 4:
-            raise ValueError(f"{name} needs NHWC input of rank 4, got {format_shape(x.shape)}")
-        oh, ow = _outs(x.shape, attrs)
-        return [TensorType(x.dtype, (x.shape[0], oh, ow, x.shape[3]))]
+        if x.rank not in (4, 5):
+            raise ValueError(f"{name} needs NHWC (rank 4) or NDHWC (rank 5) input, got "
+                             f"{format_shape(x.shape)}")
+        nd = x.rank - 2
+        k, s, d, p = window(attrs, nd)
+        if name == "max_pool":
+            _max_padding_check(k, d, p)
+        outs = tuple(window_out(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
+                                attrs["ceil_mode"]) for i in range(nd))
+        out = TensorType(x.dtype, (x.shape[0], *outs, x.shape[-1]))
+        if attrs.get("return_indices"):
+            return [out, TensorType(DType.int64, out.shape)]
+        return [out]
     return infer
 
 
 _POOL = {"kernel_size": REQUIRED, "stride": 1, "dilation": 1, "padding": 0, "ceil_mode": False}
 define("avg_pool", rule=_infer("avg_pool"), run="vision", attrs={**_POOL, "count_boundary": True},
-       normalize=_normalize, kind="pool", doc="average over windows of NHWC x",
-       rule_doc="x float, rank 4 (NHWC); each window must fit")
-define("max_pool", rule=_infer("max_pool"), run="vision", attrs=_POOL, normalize=_normalize,
-       kind="pool", doc="maximum over windows of NHWC x; padding never wins",
-       rule_doc="x not bool, rank 4 (NHWC); each window must fit")
+       normalize=_normalize, kind="pool",
+       doc="average over windows of NHWC x (NDHWC: 3-D pooling)",
+       rule_doc="x float, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial dim; "
+                "each window must fit")
+define("max_pool", rule=_infer("max_pool"), run="vision",
+       attrs={**_POOL, "return_indices": False}, normalize=_normalize, kind="pool",
+       outputs=lambda n_inputs, attrs: 2 if attrs.get("return_indices") else 1,
+       outputs_doc="out; with `return_indices` also int64 indices (`h * W + w` in each image)",
+       doc="maximum over windows of NHWC x (NDHWC: 3-D pooling); padding never wins",
+       rule_doc="x not bool, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial "
+                "dim; padding at most half the effective kernel per side; each window must fit")
 
 
 def avg_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
              count_boundary=True):
-    """Average over ``kernel_size`` windows of NHWC ``x`` (see the module doc for forms).
+    """Average over ``kernel_size`` windows of NHWC (or NDHWC) ``x`` (see the module doc).
 
     ``out[n, oh, ow, c] = sum(window taps inside x) / count`` where count is the number
     of taps inside the padded input (``count_boundary``) or inside ``x``.
@@ -79,12 +113,24 @@ def avg_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
     Example::
 
         y = md.ops.avg_pool(x, 3, stride=2, padding=1)   # x: [N, H, W, C]
+        y = md.ops.avg_pool(v, (1, 2, 2), stride=2)      # v: [N, D, H, W, C]
     """
     return apply("avg_pool", [x], kernel_size=kernel_size, stride=stride, dilation=dilation,
                  padding=padding, ceil_mode=ceil_mode, count_boundary=count_boundary)[0]
 
 
-def max_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False):
-    """Maximum over ``kernel_size`` windows of NHWC ``x``; padding never wins."""
-    return apply("max_pool", [x], kernel_size=kernel_size, stride=stride, dilation=dilation,
-                 padding=padding, ceil_mode=ceil_mode)[0]
+def max_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
+             return_indices=False):
+    """Maximum over ``kernel_size`` windows of NHWC (or NDHWC) ``x``; padding never wins.
+
+    With ``return_indices`` returns ``(out, indices)``: int64, each the flat position of
+    the maximum in its input image (``h * W + w``; 3-D ``(d * H + h) * W + w``), as torch.
+
+    Example::
+
+        y = md.ops.max_pool(x, 2, stride=2)                       # x: [N, H, W, C]
+        y, idx = md.ops.max_pool(x, 3, padding=1, return_indices=True)
+    """
+    outs = apply("max_pool", [x], kernel_size=kernel_size, stride=stride, dilation=dilation,
+                 padding=padding, ceil_mode=ceil_mode, return_indices=return_indices)
+    return (outs[0], outs[1]) if return_indices else outs[0]

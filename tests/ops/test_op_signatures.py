@@ -25,6 +25,8 @@ def test_linear_attention_and_split_carry_their_output_counts():
     assert _registry.get("attention").n_outputs(3, {}) == 1
     assert _registry.get("attention").n_outputs(4, {}) == 2
     assert _registry.get("split").n_outputs(1, {"sizes": [1, 2, 3]}) == 3
+    assert _registry.get("max_pool").n_outputs(1, {"kernel_size": 2}) == 1
+    assert _registry.get("max_pool").n_outputs(1, {"return_indices": True}) == 2
     assert _registry.get("linear").arity() == (2, 3)
 
 
@@ -35,6 +37,8 @@ def f32(*shape):
 CASES = [
     ("conv2d", [f32(1, 6, 6, 2), f32(3, 3, 2, 4)], lambda a, b: md.ops.conv2d(a, b)),
     ("conv3d", [f32(1, 3, 6, 6, 2), f32(1, 3, 3, 2, 4)], lambda a, b: md.ops.conv3d(a, b)),
+    ("conv_transpose", [f32(1, 6, 6, 2), f32(3, 3, 4, 2)],
+     lambda a, b: md.ops.conv_transpose(a, b)),
     ("avg_pool", [f32(1, 6, 6, 2)], lambda a: md.ops.avg_pool(a, kernel_size=2)),
     ("max_pool", [f32(1, 6, 6, 2)], lambda a: md.ops.max_pool(a, kernel_size=2)),
     ("layer_norm", [f32(3, 8), f32(8)], lambda a, b: md.ops.layer_norm(a, b)),

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import maxdecl as md
+from maxdecl.ops.pool import window
 from ophelp import close, run_op
 
 
@@ -98,6 +99,10 @@ def test_pool_attribute_forms():
     g = md.Graph("t", [md.TensorType("float32", (1, 9, 9, 2))])
     a = md.ops.avg_pool(g.inputs[0], 3, stride=2, padding=1)
     b = md.ops.avg_pool(g.inputs[0], (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
-    assert a.node.attrs == b.node.attrs and a.shape == (1, 5, 5, 2)
-    with pytest.raises(md.GraphError, match="NHWC input of rank 4"):
+    c = md.ops.avg_pool(g.inputs[0], [3, 3], stride=[2, 2], padding=[1, 1])
+    assert b.node.attrs == c.node.attrs and b.node.attrs["padding"] == (1, 1, 1, 1)
+    assert window(a.node.attrs, 2) == window(b.node.attrs, 2) == ((3, 3), (2, 2), (1, 1),
+                                                                 (1, 1, 1, 1))
+    assert a.shape == b.shape == (1, 5, 5, 2)
+    with pytest.raises(md.GraphError, match=r"NHWC \(rank 4\) or NDHWC \(rank 5\) input"):
         md.ops.max_pool(md.ops.reshape(g.inputs[0], (9, 9, 2)), 2)
