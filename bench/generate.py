@@ -29,6 +29,7 @@ PROMPT = ("Once upon a time, in a small village at the edge of a great forest, t
           "deep on the roofs and the lamps glowed in every window, a stranger knocked at his door "
           "carrying a broken silver watch that had not ticked for a hundred years, and asked")
 N_PROMPT, N_GEN = 128, 64
+N_BATCH = 8               # prompts decoding together in the batched figure
 
 
 def _gguf_path():
@@ -54,9 +55,41 @@ def worker_maxdecl(threads: int) -> dict:
     first = generate_ids(session, tok, ids[:8], 1, Sampler())
     t_first = time.perf_counter() - t_start  # start-up to the first generated token
     res = generate_ids(session, tok, ids, N_GEN, Sampler(), stop_ids=())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps,
-            "first_token_s": t_first, "ids": res.ids, "first": first.ids,
-            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "first_token_s": t_first, "ids": res.ids, "first": first.ids, "rss_mb": rss,
+            **_batched(model, ids), **_lookup(model, tok, ids)}
+
+
+def _batched(model, ids) -> dict:
+    """N_BATCH prompts (prefixes of the bench prompt) decoding N_GEN tokens together:
+    aggregate decode tokens/s over the decode steps; the ids equal each prompt's solo."""
+    import numpy as np
+
+    from maxdecl.pipelines.batching import BatchRunner, Request
+
+    runner = BatchRunner(model.compiled, max_batch=N_BATCH)
+    reqs = [Request(ids[:N_PROMPT - 8 * k], lambda row: int(np.argmax(row)), N_GEN)
+            for k in range(N_BATCH)]
+    runner.run(reqs)
+    steps = sum(r.decode_s for r in reqs)
+    return {"batch_decode_tps": sum(len(r.ids) - 1 for r in reqs) / steps}
+
+
+def _lookup(model, tok, ids) -> dict:
+    """Prompt lookup (``lookup=8``) against plain greedy decoding, same run: the bench
+    prompt and a repetitive one (a numbered list)."""
+    listing = tok.encode("".join(f"{i}. item number {i}\n" for i in range(1, 30)),
+                         add_bos=True)[:N_PROMPT]
+    out = {}
+    for name, prompt in (("story", ids), ("list", listing)):
+        plain = model.generate(prompt, N_GEN)
+        fast = model.generate(prompt, N_GEN, lookup=8)
+        assert fast.ids == plain.ids, "lookup must give the plain greedy ids"
+        out[f"lookup_{name}_speedup"] = (len(fast.ids) / fast.decode_s) / \
+            (len(plain.ids) / plain.decode_s)
+        out[f"lookup_{name}_accept"] = fast.accepted / max(fast.drafted, 1)
+    return out
 
 
 def worker_llama(threads: int) -> dict:
@@ -141,6 +174,15 @@ def main() -> None:
         m, l = med("maxdecl", key), med("llama.cpp", key)
         spread = [round(r[key], 1) for r in runs["maxdecl"]]
         print(f"  {label:<17} maxdecl {m:8.1f} {spread}  llama.cpp {l:8.1f}  ratio {m / l:5.2f}x")
+    b, l1 = med("maxdecl", "batch_decode_tps"), med("llama.cpp", "decode_tps")
+    print(f"  {N_BATCH} prompts decoding together: {b:.1f} tokens/s in all "
+          f"({b / med('maxdecl', 'decode_tps'):.2f}x maxdecl's one stream, "
+          f"{b / l1:.2f}x llama.cpp's one stream)")
+    for name in ("story", "list"):
+        print(f"  prompt lookup (8 drafts) on the {name} prompt: decode "
+              f"{med('maxdecl', f'lookup_{name}_speedup'):.2f}x plain greedy, "
+              f"{100 * med('maxdecl', f'lookup_{name}_accept'):.0f}% of drafts accepted "
+              "(same ids)")
     print(f"  start-up to first token: warm cache {med('maxdecl', 'first_token_s'):.2f} s, "
           f"cold cache {cold['first_token_s']:.2f} s")
     print(f"  `maxdecl run specs/gemma3.yaml --max-new-tokens 1` wall time, process start to "

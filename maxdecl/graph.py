@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import runtime
-from .dtypes import DType, QuantizedType, TensorType, as_type
+from .dtypes import DType, QuantizedType, TensorType, as_type  # noqa: F401 (re-exported)
 from .errors import GraphError, MaxdeclError
 from .ops import _registry
 from .runtime import describe_value  # noqa: F401  (re-exported)

@@ -58,6 +58,9 @@ class OpDef:
     # the output index of the updated state). Every other op is row-wise.
     sequence_axis: int | None = None
     state: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # md.ops.<name>(): the required inputs, then these names (optional inputs and
+    # attributes) in this order; default: the optional inputs, then the attributes
+    call_order: tuple = ()
 
     def arity(self) -> tuple[int, int | None]:
         """(min, max) number of inputs; max None for variadic ops."""
@@ -92,14 +95,14 @@ _RUNNERS: dict[str, Callable] = {}
 
 def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,
            outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=(),
-           outputs_doc="", sequence_axis=None, state=None) -> OpDef:
+           outputs_doc="", sequence_axis=None, state=None, call_order=()) -> OpDef:
     """Define and register op ``name``; a name is defined once."""
     if name in REGISTRY:
         raise GraphError(f"op {name!r} is already registered")
     opdef = OpDef(name, rule, run, tuple(inputs), tuple(optional), variadic,
                   MappingProxyType(dict(attrs or {})), outputs, doc, normalize, kind, rule_doc,
                   tuple(dim_attrs), outputs_doc, sequence_axis,
-                  MappingProxyType(dict(state or {})))
+                  MappingProxyType(dict(state or {})), tuple(call_order))
     REGISTRY[name] = opdef
     return opdef
 
@@ -177,6 +180,49 @@ def type_error(op: str, types, exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     ins = ", ".join(str(t) for t in types) or "no inputs"
     return f"{op}: {text} (inputs: {ins})"
+
+
+def public(fn: Callable) -> Callable:
+    """Decorator: ``md.ops.<name>`` made from op ``name``'s definition (the function's
+    name; its docstring kept, its body unused). Positional parameters: the required
+    inputs, then the optional inputs and attributes in ``call_order``, each attribute
+    defaulting to the definition's default; one output comes back as a Value, several
+    as a list. So a Python call and a YAML node give the same node, with no default
+    written twice."""
+    return public_op(fn.__name__, fn.__doc__, fn.__module__)
+
+
+def public_op(name: str, doc: str | None = None, module: str | None = None) -> Callable:
+    """``md.ops.<name>`` for op ``name`` (see ``public``)."""
+    import inspect
+
+    opdef = REGISTRY[name]
+    rest = opdef.call_order or (*opdef.optional, *opdef.attrs)
+    P = inspect.Parameter
+    params = [P(i, P.POSITIONAL_OR_KEYWORD) for i in opdef.inputs]
+    for n in rest:
+        default = opdef.attrs.get(n, None) if n in opdef.attrs else None
+        params.append(P(n, P.POSITIONAL_OR_KEYWORD) if default is REQUIRED
+                      else P(n, P.POSITIONAL_OR_KEYWORD, default=default))
+    sig = inspect.Signature(params)
+
+    def op(*args, **kwargs):
+        given = sig.bind(*args, **kwargs).arguments
+        ins = list(given[opdef.inputs[0]]) if opdef.variadic else \
+            [given[i] for i in opdef.inputs]
+        optional = [given.get(o) for o in opdef.optional]
+        while optional and optional[-1] is None:
+            optional.pop()
+        attrs = {k: v for k, v in given.items() if k in opdef.attrs}
+        outs = apply(name, ins + optional, **attrs)
+        return outs[0] if len(outs) == 1 else list(outs)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc or opdef.doc[:1].upper() + opdef.doc[1:] + "."
+    op.__signature__ = sig
+    if module:
+        op.__module__ = module
+    return op
 
 
 def apply(name: str, inputs, **attrs) -> list:

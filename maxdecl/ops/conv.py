@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..dtypes import TensorType, format_shape
 from . import _checks
-from ._registry import apply, define
+from ._registry import define, public
 
 _CONV = {"stride": 1, "dilation": 1, "padding": 0, "groups": 1}
 
@@ -148,20 +148,24 @@ def _infer(nd):
 
 
 define("conv2d", rule=_infer(2), run="vision", inputs=("x", "filter"), optional=("bias",),
+       call_order=("stride", "dilation", "padding", "groups", "bias", "input_layout",
+                   "filter_layout"),
        attrs={**_CONV, "input_layout": "NHWC", "filter_layout": "RSCF"},
        normalize=_normalize(2), kind="conv",
        doc="2-D convolution (cross-correlation), MAX layouts NHWC / RSCF (or NCHW / FCRS)",
        rule_doc="x rank 4, filter rank 4 with static dims; C = C/groups x groups; F divisible "
                 "by groups; bias [F]; each window must fit")
 define("conv3d", rule=_infer(3), run="vision", inputs=("x", "filter"), optional=("bias",),
+       call_order=("stride", "dilation", "padding", "groups", "bias", "input_layout",
+                   "filter_layout"),
        attrs={**_CONV, "input_layout": "NDHWC", "filter_layout": "QRSCF"},
        normalize=_normalize(3), kind="conv",
        doc="3-D convolution, layouts NDHWC / QRSCF (or NCDHW / FCQRS)",
        rule_doc="as conv2d with one more spatial dim (rank 5)")
 
 
-def conv2d(x, filter, stride=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), groups=1,  # noqa: A002
-           bias=None, input_layout="NHWC", filter_layout="RSCF"):
+@public
+def conv2d():  # noqa: A001 - the signature comes from the definition
     """2-D convolution (cross-correlation, as torch and MAX).
 
     ``out[n, oh, ow, f] = bias[f] + sum_{r, s, c} x[n, oh*sh - ph + r*dh, ow*sw - pw + s*dw,
@@ -176,16 +180,9 @@ def conv2d(x, filter, stride=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), grou
         y = md.ops.conv2d(x, w, stride=2, padding=1)           # NHWC / RSCF
         y = md.ops.conv2d(x, w, padding=1, input_layout="NCHW", filter_layout="FCRS")
     """
-    inputs = [x, filter] if bias is None else [x, filter, bias]
-    return apply("conv2d", inputs, stride=stride, dilation=dilation, padding=padding,
-                 groups=groups, input_layout=input_layout, filter_layout=filter_layout)[0]
 
 
-def conv3d(x, filter, stride=(1, 1, 1), dilation=(1, 1, 1),  # noqa: A002
-           padding=(0, 0, 0, 0, 0, 0), groups=1, bias=None, input_layout="NDHWC",
-           filter_layout="QRSCF"):
+@public
+def conv3d():  # noqa: A001 - the signature comes from the definition
     """3-D convolution: as ``conv2d`` with depth; x ``[N, D, H, W, C]`` (or NCDHW), filter
     ``[Q, R, S, C/groups, F]`` (or FCQRS), padding of 6 (d, h, w; before and after each)."""
-    inputs = [x, filter] if bias is None else [x, filter, bias]
-    return apply("conv3d", inputs, stride=stride, dilation=dilation, padding=padding,
-                 groups=groups, input_layout=input_layout, filter_layout=filter_layout)[0]

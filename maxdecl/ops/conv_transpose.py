@@ -24,7 +24,7 @@ from __future__ import annotations
 from .. import dims as symbolic
 from ..dtypes import TensorType, format_shape
 from . import _checks
-from ._registry import apply, define
+from ._registry import define, public
 from ._window import canon, canon_padding, per_dim, per_side
 
 __all__ = ["conv_transpose"]
@@ -117,6 +117,8 @@ def _rule(inputs, attrs):
 
 define("conv_transpose", rule=_rule, run="conv_transpose", inputs=("x", "filter"),
        optional=("bias",),
+       call_order=("stride", "dilation", "padding", "output_padding", "groups", "bias",
+                   "input_layout"),
        attrs={"stride": 1, "dilation": 1, "padding": 0, "output_padding": 0, "groups": 1,
               "input_layout": "NHWC"},
        normalize=_normalize, kind="conv",
@@ -129,8 +131,8 @@ define("conv_transpose", rule=_rule, run="conv_transpose", inputs=("x", "filter"
                 "(k - 1) + 1 + output_padding at least 1")
 
 
-def conv_transpose(x, filter, stride=1, dilation=1, padding=0, output_padding=0,  # noqa: A002
-                   groups=1, bias=None, input_layout="NHWC"):
+@public
+def conv_transpose():  # noqa: A001 - the signature comes from the definition
     """Transposed convolution (see the module doc for layouts and forms).
 
     ``out[n, i*s - pb + k*d, g*Fg + f] += x[n, i, g*Cg + c] * filter[k, f, g*Cg + c]``
@@ -146,6 +148,3 @@ def conv_transpose(x, filter, stride=1, dilation=1, padding=0, output_padding=0,
         y = md.ops.conv_transpose(x, w, stride=2, padding=1, output_padding=1)
         y = md.ops.conv_transpose(x, w_torch, stride=2, input_layout="NCHW")
     """
-    inputs = [x, filter] if bias is None else [x, filter, bias]
-    return apply("conv_transpose", inputs, stride=stride, dilation=dilation, padding=padding,
-                 output_padding=output_padding, groups=groups, input_layout=input_layout)[0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..dtypes import DType, TensorType
 from . import _checks
-from ._registry import REQUIRED, apply, define
+from ._registry import REQUIRED, define, public_op
 
 
 def _binary_rule(types, attrs):
@@ -62,28 +62,8 @@ define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
        rule_doc="x: not quantized; out: dtype, the shape of x")
 
 
-def _make_binary(name):
-    def op(x, y):
-        return apply(name, [x, y])[0]
-    op.__name__ = name
-    op.__doc__ = f"Elementwise ``{name}(x, y)`` with NumPy broadcasting; same dtype in and out."
-    return op
-
-
-def _make_unary(name):
-    def op(x):
-        return apply(name, [x])[0]
-    op.__name__ = name
-    op.__doc__ = f"Elementwise ``{name}(x)``."
-    return op
-
-
-add, sub, mul, div, pow, maximum, minimum = (_make_binary(n) for n in BINARY)  # noqa: A001
-neg, abs, relu = (_make_unary(n) for n in UNARY)  # noqa: A001
+add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # noqa: A001
+neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh = (
-    _make_unary(n) for n in FLOAT_UNARY)
-
-
-def cast(x, dtype):
-    """Convert ``x`` to ``dtype`` (a md.DType or its name)."""
-    return apply("cast", [x], dtype=dtype)[0]
+    public_op(n) for n in FLOAT_UNARY)
+cast = public_op("cast", "Convert ``x`` to ``dtype`` (a md.DType or its name).")

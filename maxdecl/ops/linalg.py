@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, define
+from ._registry import define, public
 
 __all__ = ["matmul", "qmatmul", "linear"]
 
@@ -90,12 +90,13 @@ define("linear", rule=_linear_rule, run="linalg", inputs=("x", "w"), optional=("
                 "bias [N] -> [..., N]")
 
 
-def matmul(a, b):
+@public
+def matmul():  # noqa: A001 - the signature comes from the definition
     """``a @ b`` with NumPy semantics (batch broadcasting, 1-D promotion)."""
-    return apply("matmul", [a, b])[0]
 
 
-def qmatmul(x, w_q):
+@public
+def qmatmul():  # noqa: A001 - the signature comes from the definition
     """``x @ dequantize(w_q).T`` without decoding the whole of ``w_q``.
 
     Args:
@@ -111,9 +112,8 @@ def qmatmul(x, w_q):
         wq = g.quantize(np.random.randn(64, 256).astype(np.float32), "q4_0")
         y = md.ops.qmatmul(x, wq)          # x: float32 [..., 256] -> y: [..., 64]
     """
-    return apply("qmatmul", [x, w_q])[0]
 
 
-def linear(x, w, bias=None):
+@public
+def linear():  # noqa: A001 - the signature comes from the definition
     """``x @ w.T (+ bias)``: ``w [N, K]`` quantized (packed-block GEMV/GEMM) or float."""
-    return apply("linear", [x, w] if bias is None else [x, w, bias])[0]

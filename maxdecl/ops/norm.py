@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..dtypes import format_shape
 from . import _checks
-from ._registry import apply, define
+from ._registry import define, public
 
 __all__ = ["layer_norm", "rms_norm"]
 
@@ -58,7 +58,8 @@ define("rms_norm", rule=_rms_rule, run="norm", inputs=("x", "weight"), attrs={"e
        rule_doc="x float; weight 1-D of x's last dim; out: the type of x")
 
 
-def layer_norm(x, gamma, beta=None, epsilon: float = 1e-5):
+@public
+def layer_norm():  # noqa: A001 - the signature comes from the definition
     """Layer norm over the last axis.
 
     ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta`` (biased variance,
@@ -68,14 +69,12 @@ def layer_norm(x, gamma, beta=None, epsilon: float = 1e-5):
 
         y = md.ops.layer_norm(x, g.weight("ln.weight", (md.DType.float32, (512,))))
     """
-    inputs = [x, gamma] if beta is None else [x, gamma, beta]
-    return apply("layer_norm", inputs, epsilon=epsilon)[0]
 
 
-def rms_norm(x, weight, epsilon: float = 1e-6):
+@public
+def rms_norm():  # noqa: A001 - the signature comes from the definition
     """RMS norm over the last axis: ``y = x * rsqrt(mean(x**2) + epsilon) * weight``.
 
     Computed in float32 (as llama.cpp and HF Llama). Gemma GGUF weights already
     hold ``1 + w``.
     """
-    return apply("rms_norm", [x, weight], epsilon=epsilon)[0]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import REQUIRED, apply, define
+from ._registry import REQUIRED, define, public
 from ._window import canon, canon_padding, per_dim, per_side
 from .conv import window_out
 
@@ -103,8 +103,8 @@ define("max_pool", rule=_infer("max_pool"), run="vision",
                 "dim; padding at most half the effective kernel per side; each window must fit")
 
 
-def avg_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
-             count_boundary=True):
+@public
+def avg_pool():  # noqa: A001 - the signature comes from the definition
     """Average over ``kernel_size`` windows of NHWC (or NDHWC) ``x`` (see the module doc).
 
     ``out[n, oh, ow, c] = sum(window taps inside x) / count`` where count is the number
@@ -115,12 +115,10 @@ def avg_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
         y = md.ops.avg_pool(x, 3, stride=2, padding=1)   # x: [N, H, W, C]
         y = md.ops.avg_pool(v, (1, 2, 2), stride=2)      # v: [N, D, H, W, C]
     """
-    return apply("avg_pool", [x], kernel_size=kernel_size, stride=stride, dilation=dilation,
-                 padding=padding, ceil_mode=ceil_mode, count_boundary=count_boundary)[0]
 
 
-def max_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
-             return_indices=False):
+@public
+def max_pool():  # noqa: A001 - the signature comes from the definition
     """Maximum over ``kernel_size`` windows of NHWC (or NDHWC) ``x``; padding never wins.
 
     With ``return_indices`` returns ``(out, indices)``: int64, each the flat position of
@@ -131,6 +129,3 @@ def max_pool(x, kernel_size, stride=1, dilation=1, padding=0, ceil_mode=False,
         y = md.ops.max_pool(x, 2, stride=2)                       # x: [N, H, W, C]
         y, idx = md.ops.max_pool(x, 3, padding=1, return_indices=True)
     """
-    outs = apply("max_pool", [x], kernel_size=kernel_size, stride=stride, dilation=dilation,
-                 padding=padding, ceil_mode=ceil_mode, return_indices=return_indices)
-    return (outs[0], outs[1]) if return_indices else outs[0]

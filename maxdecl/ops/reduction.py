@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..dtypes import DType, TensorType
 from . import _checks
-from ._registry import apply, define
+from ._registry import define, public
 
 __all__ = ["sum", "mean", "max", "argmax", "softmax"]
 
@@ -86,24 +86,24 @@ def _reduce_axis(axis):
     return tuple(axis) if isinstance(axis, (list, tuple)) else axis
 
 
-def sum(x, axis=-1, keepdims: bool = False):  # noqa: A001
+@public
+def sum():  # noqa: A001 - the signature comes from the definition
     """Sum over ``axis`` (int, tuple, or None for all)."""
-    return apply("sum", [x], axis=_reduce_axis(axis), keepdims=keepdims)[0]
 
 
-def mean(x, axis=-1, keepdims: bool = False):
+@public
+def mean():  # noqa: A001 - the signature comes from the definition
     """Arithmetic mean over ``axis`` (int, tuple, or None for all); float inputs only."""
-    return apply("mean", [x], axis=_reduce_axis(axis), keepdims=keepdims)[0]
 
 
-def max(x, axis=-1, keepdims: bool = False):  # noqa: A001
+@public
+def max():  # noqa: A001 - the signature comes from the definition
     """Maximum over ``axis`` (int, tuple, or None for all); NaN propagates."""
-    return apply("max", [x], axis=_reduce_axis(axis), keepdims=keepdims)[0]
 
 
-def argmax(x, axis=-1, keepdims: bool = False):
+@public
+def argmax():  # noqa: A001 - the signature comes from the definition
     """int64 index of the first maximum along ``axis`` (None: of the flattened tensor)."""
-    return apply("argmax", [x], axis=axis, keepdims=keepdims)[0]
 
 
 # -- softmax ----------------------------------------------------------------------------
@@ -120,6 +120,6 @@ define("softmax", rule=_softmax_rule, run="reduction", attrs={"axis": -1}, kind=
        doc="exp(x - max) / sum(exp(x - max)) along axis", rule_doc="x float; out: the type of x")
 
 
-def softmax(x, axis: int = -1):
+@public
+def softmax():  # noqa: A001 - the signature comes from the definition
     """exp(x - max) / sum(exp(x - max)) along ``axis``."""
-    return apply("softmax", [x], axis=axis)[0]

@@ -12,7 +12,7 @@ import builtins
 from .. import dims
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import REQUIRED, apply, define
+from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select"]
 
@@ -59,14 +59,14 @@ define("transpose", rule=_transpose_rule, run="shape", attrs={"perm": REQUIRED},
        doc="permute axes", rule_doc="perm is a permutation of x's axes")
 
 
-def reshape(x, shape):
+@public
+def reshape():  # noqa: A001 - the signature comes from the definition
     """``x`` with a new shape (one dim may be -1; symbolic dims allowed)."""
-    return apply("reshape", [x], shape=tuple(shape))[0]
 
 
-def transpose(x, perm):
+@public
+def transpose():  # noqa: A001 - the signature comes from the definition
     """Permute the axes of ``x`` (``np.transpose(x, perm)``)."""
-    return apply("transpose", [x], perm=tuple(perm))[0]
 
 
 # -- concat / split ---------------------------------------------------------------------
@@ -119,14 +119,14 @@ define("split", rule=_split_rule, run="shape", attrs={"sizes": REQUIRED, "axis":
        rule_doc="sizes sum to the axis dim")
 
 
-def concat(values, axis: int = 0):
+@public
+def concat():  # noqa: A001 - the signature comes from the definition
     """Join ``values`` (same dtype, same dims except ``axis``) along ``axis``."""
-    return apply("concat", list(values), axis=axis)[0]
 
 
-def split(x, sizes, axis: int = 0):
+@public
+def split():  # noqa: A001 - the signature comes from the definition
     """Split ``x`` along ``axis`` into pieces of ``sizes`` (summing to that dim); a list."""
-    return apply("split", [x], sizes=tuple(sizes), axis=axis)
 
 
 # -- slice ------------------------------------------------------------------------------
@@ -169,15 +169,13 @@ define("slice", rule=_slice_rule, run="shape", normalize=_normalize_slice, kind=
        rule_doc="starts, ends, axes, steps of one length; axes distinct and in range")
 
 
-def slice(x, starts, ends, axes=None, steps=None):  # noqa: A001
+@public
+def slice():  # noqa: A001 - the signature comes from the definition
     """``x[starts:ends:steps]`` on ``axes`` (default: the first ``len(starts)`` axes).
 
     Python slice semantics: negative indices count from the end, out-of-range
     bounds clamp, ``None`` means "to the edge".
     """
-    return apply("slice", [x], starts=tuple(starts), ends=tuple(ends),
-                 axes=None if axes is None else tuple(axes),
-                 steps=None if steps is None else tuple(steps))[0]
 
 
 # -- gather / tile / select -------------------------------------------------------------
@@ -224,19 +222,19 @@ define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
 
 
-def gather(x, indices, axis: int = 0):
+@public
+def gather():  # noqa: A001 - the signature comes from the definition
     """``np.take(x, indices, axis)``: output ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
 
     Negative indices count from the end; out-of-range indices fail at run time.
     """
-    return apply("gather", [x, indices], axis=axis)[0]
 
 
-def tile(x, repeats):
+@public
+def tile():  # noqa: A001 - the signature comes from the definition
     """``np.tile(x, repeats)`` (shorter ``repeats`` apply to the trailing axes)."""
-    return apply("tile", [x], repeats=tuple(repeats))[0]
 
 
-def select(cond, x, y):
+@public
+def select():  # noqa: A001 - the signature comes from the definition
     """``np.where(cond, x, y)``: ``cond`` bool, ``x``/``y`` one dtype, all three broadcast."""
-    return apply("select", [cond, x, y])[0]

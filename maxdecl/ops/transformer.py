@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, define
+from ._registry import define, public
 
 __all__ = ["embedding", "rope", "attention"]
 
@@ -29,13 +29,13 @@ define("embedding", rule=_embedding_rule, run="transformer", inputs=("table", "i
        rule_doc="table [vocab, dim] (quantized gives float32), ids integer -> [*ids, dim]")
 
 
-def embedding(table, ids):
+@public
+def embedding():  # noqa: A001 - the signature comes from the definition
     """Rows of ``table`` ``[vocab, dim]`` picked by integer ``ids``: ``[*ids.shape, dim]``.
 
     A quantized table (``g.quantize`` / a quantized weight) dequantizes only the rows
     it gathers and gives float32.
     """
-    return apply("embedding", [table, ids])[0]
 
 
 # -- rope -------------------------------------------------------------------------------
@@ -79,6 +79,7 @@ def _rope_rule(inputs, attrs):
 
 
 define("rope", rule=_rope_rule, run="transformer", inputs=("x", "positions"),
+       call_order=("theta", "style", "scale", "dim", "freq_factors"),
        optional=("freq_factors",),
        attrs={"theta": 10000.0, "style": "normal", "scale": 1.0, "dim": None},
        normalize=_normalize_rope, kind="transformer",
@@ -88,8 +89,8 @@ define("rope", rule=_rope_rule, run="transformer", inputs=("x", "positions"),
                 "freq_factors [dim // 2]; out: the type of x")
 
 
-def rope(x, positions, theta=10000.0, style="normal", scale=1.0, dim=None,
-         freq_factors=None):
+@public
+def rope():  # noqa: A001 - the signature comes from the definition
     """Rotary position embedding on ``x`` ``[..., seq, heads, head_dim]``.
 
     Pair ``i`` (of ``dim // 2``, default ``head_dim // 2``) at position ``p`` rotates by
@@ -102,8 +103,6 @@ def rope(x, positions, theta=10000.0, style="normal", scale=1.0, dim=None,
 
         q = md.ops.rope(q, positions, theta=500000.0, style="neox")
     """
-    inputs = [x, positions] if freq_factors is None else [x, positions, freq_factors]
-    return apply("rope", inputs, theta=theta, style=style, scale=scale, dim=dim)[0]
 
 
 # -- attention --------------------------------------------------------------------------
@@ -182,8 +181,8 @@ define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "
                 "out [..., S, Hq, Dv] (and cache [2, ..., T_past + T, Hkv, D])")
 
 
-def attention(q, k, v, kv_cache=None, causal=True, scale=None, sliding_window=None,
-              alibi_slopes=None, softcap=None):
+@public
+def attention():  # noqa: A001 - the signature comes from the definition
     """Scaled dot-product attention with grouped-query heads.
 
     q ``[..., S, Hq, D]``, k ``[..., T, Hkv, D]``, v ``[..., T, Hkv, Dv]`` (Hq a multiple
@@ -202,8 +201,3 @@ def attention(q, k, v, kv_cache=None, causal=True, scale=None, sliding_window=No
 
         out, cache = md.ops.attention(q, k, v, kv_cache=cache)
     """
-    inputs = [q, k, v] if kv_cache is None else [q, k, v, kv_cache]
-    outs = apply("attention", inputs, causal=causal, scale=scale, sliding_window=sliding_window,
-                 alibi_slopes=None if alibi_slopes is None else tuple(alibi_slopes),
-                 softcap=softcap)
-    return outs[0] if kv_cache is None else (outs[0], outs[1])

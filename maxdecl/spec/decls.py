@@ -5,8 +5,7 @@ its layer path and YAML position). No behaviour, no imports of the other spec mo
 
 from __future__ import annotations
 
-import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 EMPTY = MappingProxyType({})

@@ -69,3 +69,17 @@ def test_no_numba_when_building():
             "md.ops.conv2d(g.inputs[0], np.ones((3, 3, 2, 2), np.float32), padding=1)\n"
             "assert 'numba' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", [n for n in SPEC_OPS if _registry.get(n).kind != "custom"])
+def test_public_builders_take_their_signature_from_the_definition(name):
+    import inspect
+
+    d = _registry.get(name)
+    params = inspect.signature(getattr(md.ops, name)).parameters
+    assert list(params)[:len(d.inputs)] == list(d.inputs)
+    for attr, default in d.attrs.items():
+        want = inspect.Parameter.empty if default is _registry.REQUIRED else default
+        assert params[attr].default == want, f"{name}.{attr}"
+    for opt in d.optional:
+        assert params[opt].default is None
