@@ -36,8 +36,9 @@ from ..blocks import GGML_BLOCKS
 from .block_rows import KINDS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
 from .config import CACHE, FASTMATH, GEMV_MAX_ROWS
 from .gemv import (_FM, _IR_I64, _V8F, _gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0,
-                   _gemv_q6_k, _gemv_q8_0, _gemvm_bf16, _gemvm_q4_0, _gemvm_q4_k, _gemvm_q5_0,
-                   _gemvm_q6_k, _gemvm_q8_0, _ir_const, _ir_splat)
+                   _gemv_q6_k, _gemv_q8_0, _gemvm_bf16, _gemvm_q4_0, _gemvm_q4_k, _gemvm_q6_k,
+                   _ir_const, _ir_splat)
+from .gemv_rows import GEMV_ROWS
 
 TILE_BYTES = 2 << 20  # float32 bytes of one decoded tile in the fallback path
 
@@ -153,8 +154,10 @@ def pack_panels(x2: np.ndarray) -> np.ndarray:
 # -- Python wrappers -----------------------------------------------------------------
 _GEMV = {"q4_0": _gemv_q4_0, "q5_0": _gemv_q5_0, "q8_0": _gemv_q8_0,
          "q4_k": _gemv_q4_k, "q6_k": _gemv_q6_k, "bf16": _gemv_bf16}
-_GEMV_ROWS = {"q4_0": _gemvm_q4_0, "q5_0": _gemvm_q5_0, "q8_0": _gemvm_q8_0,
-              "q4_k": _gemvm_q4_k, "q6_k": _gemvm_q6_k, "bf16": _gemvm_bf16}
+# a few rows of x: each q5_0/q8_0 block decoded once for all of them (gemv_rows), the
+# others one row at a time; either way bit-identical to one row alone
+_GEMV_ROWS = {"q4_0": _gemvm_q4_0, "q4_k": _gemvm_q4_k, "q6_k": _gemvm_q6_k,
+              "bf16": _gemvm_bf16, **GEMV_ROWS}
 
 # (block_elements, block_bytes) each kernel assumes, as GGML defines them
 LAYOUTS = GGML_BLOCKS   # name -> (block_elements, block_bytes), defined once

@@ -329,3 +329,21 @@ def test_user_encoding_uses_tiled_fallback(user_encoding, monkeypatch, m):
     scale = np.abs(x.astype(np.float64)) @ np.abs(wd).T
     assert (np.abs(out - ref) / scale).max() <= TOL
     assert tiles and max(c[0] for c in tiles) <= 8 and sum(c[0] for c in tiles) == n
+
+
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16"])
+def test_a_few_rows_equal_one_row_at_a_time_bit_for_bit(enc):
+    """Batched decode relies on it: up to 16 rows of x (the multi-row GEMV kernels)
+    give each row exactly what that row alone (the one-row GEMV) gives."""
+    from maxdecl.kernels import linalg
+
+    rng = np.random.default_rng(5)
+    e = md.codecs.get(enc)
+    for n, k in ((37, 512), (300, 768)):
+        qt = md.QuantizedTensor(e.quantize(rng.standard_normal((n, k)).astype(np.float32)),
+                                (n, k), e.name)
+        for m in (2, 3, 4, 5, 8, 13, 16):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            together = linalg.qmatmul(x, qt)
+            alone = np.stack([linalg.qmatmul(x[i:i + 1], qt)[0] for i in range(m)])
+            assert together.tobytes() == alone.tobytes(), (enc, n, k, m)
