@@ -61,3 +61,30 @@ def test_mixtral_quantized_experts_stay_close(mixtral):
     g = md.build("specs/mixtral.yaml", weights=td)
     pre, dec = decoder_errors(g, td, ref, ids)
     assert pre < 0.05 and dec < 0.05
+
+
+def make_qwen3_moe(seed=0, norm_topk_prob=True):
+    import torch
+
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=96, hidden_size=64, moe_intermediate_size=48, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob,
+        rms_norm_eps=1e-6, max_position_embeddings=64, rope_theta=1e6,
+        tie_word_embeddings=False, attn_implementation="eager")
+    return randomize(transformers.Qwen3MoeForCausalLM(cfg), seed)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_qwen3_moe_prefill_and_decode_match_hf(tmp_path, norm_topk_prob):
+    model = make_qwen3_moe(seed=1, norm_topk_prob=norm_topk_prob)
+    path = save_hf(model, tmp_path / "hf")
+    ids = token_ids(model.config.vocab_size, seed=4)
+    ref = hf_logits(model, ids)
+    g, td = load("qwen3_moe", path)
+    assert td.params["norm_topk_prob"] is norm_topk_prob
+    pre, dec = decoder_errors(g, td, ref, ids)
+    print(f"qwen3_moe (norm_topk_prob={norm_topk_prob}) vs HF: prefill {pre:.2e}, "
+          f"decode {dec:.2e} (of max|ref|)")
+    assert pre <= TOL and dec <= TOL
