@@ -88,3 +88,78 @@ def test_qwen3_moe_prefill_and_decode_match_hf(tmp_path, norm_topk_prob):
     print(f"qwen3_moe (norm_topk_prob={norm_topk_prob}) vs HF: prefill {pre:.2e}, "
           f"decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
+
+
+def mixtral_to_gguf(model, path, quantize=None) -> str:
+    """A MixtralForCausalLM as llama.cpp's converter writes it: arch llama, q/k rows
+    permuted, experts stacked into blk.N.ffn_{gate,up,down}_exps [n_expert, rows, cols]."""
+    import gguf
+
+    from modelhelp import _add_tokenizer, _write, hf_state, llama_cpp_permute
+
+    cfg, sd = model.config, hf_state(model)
+    nh, nkv, f = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(f)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(1e6)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_vocab_size(cfg.vocab_size)
+    _add_tokenizer(w, cfg.vocab_size)
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        gate_up = sd[p + "mlp.experts.gate_up_proj"]               # [E, 2F, D]: gate, then up
+        t.update({
+            f"blk.{i}.attn_norm.weight": sd[p + "input_layernorm.weight"],
+            f"blk.{i}.attn_q.weight": llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], nh),
+            f"blk.{i}.attn_k.weight": llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], nh,
+                                                        nkv),
+            f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
+            f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+            f"blk.{i}.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
+            f"blk.{i}.ffn_gate_inp.weight": sd[p + "mlp.gate.weight"],
+            f"blk.{i}.ffn_gate_exps.weight": gate_up[:, :f],
+            f"blk.{i}.ffn_up_exps.weight": gate_up[:, f:],
+            f"blk.{i}.ffn_down_exps.weight": sd[p + "mlp.experts.down_proj"],
+        })
+    t["output_norm.weight"] = sd["model.norm.weight"]
+    t["output.weight"] = sd["lm_head.weight"]
+    _write(w, t, quantize)
+    return str(path)
+
+
+def test_mixtral_gguf_matches_hf(mixtral, tmp_path):
+    model, _, ids, ref = mixtral
+    path = mixtral_to_gguf(model, tmp_path / "mixtral.gguf")
+    g, td = load("mixtral", path)
+    assert td.params["n_expert"] == 6 and td.params["n_expert_used"] == 2
+    pre, dec = decoder_errors(g, td, ref, ids)
+    print(f"mixtral GGUF vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
+    assert pre <= TOL and dec <= TOL
+
+
+def test_mixtral_gguf_q8_0_experts_load_packed(mixtral, tmp_path):
+    """Q8_0 expert tensors from GGUF stay packed per expert ([E, rows, cols // 32 * 34])."""
+    import gguf
+
+    def q8(name, arr):
+        if not name.endswith("_exps.weight"):
+            return None
+        qt = gguf.GGMLQuantizationType.Q8_0
+        return gguf.quants.quantize(arr, qt), qt
+
+    model, _, ids, ref = mixtral
+    path = mixtral_to_gguf(model, tmp_path / "mixtral-q8.gguf", quantize=q8)
+    g, td = load("mixtral", path)
+    w = td["blk.0.ffn_gate_exps.weight"]
+    assert isinstance(w, md.QuantizedTensor) and w.encoding == "q8_0"
+    assert w.shape == (6, 96, 64) and w.data.shape == (6, 96, 2 * 34)
+    pre, dec = decoder_errors(g, td, ref, ids)
+    assert pre < 0.05 and dec < 0.05
