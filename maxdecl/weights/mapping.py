@@ -12,7 +12,7 @@ A spec declares, per foreign format, a name mapping and transforms::
       "blk.*.attn_norm.weight": {add: 1.0}
 
 ``{i}`` (any ``{name}``) matches a non-negative integer and is substituted into
-the target. A placeholder the target does not use **stacks**: the matching tensors
+the target. One placeholder the target does not use **stacks**: the matching tensors
 (indices 0..n-1, all present) become one tensor with a new first axis in index
 order, as GGUF stores mixture-of-experts weights::
 
@@ -236,7 +236,7 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                         lambda p: str(int(m.group(p.group(1)))), t)
                     free = [k for k in rx.groupindex if t is not None
                             and "{" + k + "}" not in t]
-                    if free:
+                    if len(free) == 1:          # two or more: ambiguous, no stacking
                         stack_at = int(m.group(free[0]))
                     break
             else:
