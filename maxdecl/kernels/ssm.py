@@ -37,7 +37,8 @@ def _conv_rows(x, w, bias, state, y, new_state):
 
 
 def _f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
+    """float32, C-contiguous; a scalar stays 0-d (ascontiguousarray would make it [1])."""
+    return np.ascontiguousarray(a, dtype=np.float32) if np.ndim(a) else np.asarray(a, np.float32)
 
 
 def _conv_run(args, attrs):

@@ -107,3 +107,17 @@ def test_ssm_rules_name_the_shapes():
         md.ops.causal_conv1d(x, w, b, s)
     with pytest.raises(md.GraphError, match=r"A\[6, 4\] must be \[6, N\]|B\[6\] must be"):
         md.ops.selective_scan(x, x, w, b, b, b)
+
+
+def test_scalar_bias_and_d(rng):
+    """A scalar bias (a state without a bias) and a scalar D broadcast over channels."""
+    x = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    state = np.zeros((1, 2, 4), np.float32)
+    y, _ = run_op(lambda a, b, s: md.ops.causal_conv1d(a, b, state=s), x, w, state)
+    close(y, torch_causal_conv(x, w, None), atol=1e-5)
+    xs, dt, a, b, c, d, h0 = scan_inputs(rng)
+    ref, _ = torch_selective_scan(xs, np.abs(dt), a, b, c, np.full_like(d, 0.5), h0, False)
+    out = run_op(lambda x_, t_, a_, b_, c_, h_: md.ops.selective_scan(x_, t_, a_, b_, c_, 0.5, h_)[0],
+                 xs, np.abs(dt), a, b, c, h0)
+    close(out, ref, atol=1e-5)
