@@ -14,8 +14,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor, TensorDict
-from ..weights.for_spec import (_hf_config_value, params_from_metadata,  # noqa: F401  (moved)
-                                prepare_weights)
+from ..weights.for_spec import params_from_metadata, prepare_weights  # noqa: F401 (moved)
 
 
 class ByteTokenizer:

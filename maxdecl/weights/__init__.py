@@ -106,5 +106,5 @@ def load_weights(path, spec=None, variant: str | None = None) -> TensorDict:
     if spec is not None:
         from .for_spec import load_for_spec
 
-        return load_for_spec(path, spec, variant)
+        return load_for_spec(_LOADERS[detect_format(path)](path), spec, variant)
     return _LOADERS[detect_format(path)](path)

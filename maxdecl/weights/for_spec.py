@@ -1,7 +1,7 @@
 """Weights for a spec: its ``formats`` applied to a loaded file.
 
-``load_for_spec(path, spec)`` (also ``md.load_weights(path, spec=SPEC)``) loads any
-weights file, reads the spec's hyperparameters from the file's metadata
+``md.load_weights(path, spec=SPEC)`` loads any weights file, then ``load_for_spec``
+reads the spec's hyperparameters from the file's metadata
 (``params_from_metadata``: GGUF keys, HF ``config.json`` fields, the llama2.c header),
 renames and transforms its tensors and adds the computed ones (``prepare_weights``),
 and returns a TensorDict whose ``params`` ``md.build(spec, weights=td)`` uses.
@@ -9,10 +9,15 @@ and returns a TensorDict whose ``params`` ``md.build(spec, weights=td)`` uses.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..errors import WeightsError
+from ..spec import Spec, load_spec
+from ..spec.expr import ExprError, evaluate, is_template, split_template
 from ..tensors import TensorDict
+from .mapping import compute_tensors, remap
 
 __all__ = ["load_for_spec", "params_from_metadata", "prepare_weights"]
 
@@ -69,8 +74,6 @@ def _hf_config_value(key, config: dict):
     """One ``formats.hf.config`` alternative: a config.json key, ``"{expression}"``
     over config keys (``"{rope_parameters['rope_theta']}"``), or a literal number.
     None when the key is absent or the expression cannot be evaluated on ``config``."""
-    from ..spec.expr import ExprError, evaluate, is_template, split_template
-
     if isinstance(key, bool) or key is None:
         return None
     if isinstance(key, (int, float)):
@@ -92,8 +95,6 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
     ``transforms``) and add the tensors the format implies (``computed``).
 
     Weights with an ``absent:`` stand-in may be missing (the builder fills them)."""
-    from .mapping import compute_tensors, remap
-
     fmt = weights.metadata.get("maxdecl.format") if hasattr(weights, "metadata") else None
     section = dict(spec.formats.get(fmt, {}) or {}) if fmt else {}
     mapped = isinstance(section.get("tensors"), dict) and section["tensors"]
@@ -108,8 +109,6 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
         weights = remap(weights, dict(section["tensors"]),
                         dict(section.get("transforms") or {}), full, expected=expected)
     else:                                   # a new dict sharing the arrays (no copies)
-        import copy
-
         shallow = TensorDict(metadata=copy.deepcopy(dict(weights.metadata)))
         for name, value in weights.items():
             shallow[name] = value
@@ -123,35 +122,30 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
 
 
 
-def load_for_spec(path_or_td, spec, variant: str | None = None) -> TensorDict:
-    """Load weights for ``spec`` (a path or ``Spec``): names, transforms and computed
-    tensors of its ``formats`` applied, hyperparameters read from the file.
+def load_for_spec(td: TensorDict, spec, variant: str | None = None) -> TensorDict:
+    """Weights for ``spec`` (a path or ``Spec``) from a loaded TensorDict: names,
+    transforms and computed tensors of its ``formats`` applied, hyperparameters read
+    from ``td.metadata``. ``md.load_weights(path, spec=SPEC)`` loads, then calls this.
 
     Returns:
-        A TensorDict named as the spec's weights; ``td.params`` holds the spec
-        params the file states (``md.build(spec, weights=td)`` uses them) and
-        ``td.variant`` the variant they complete.
+        A TensorDict named as the spec's weights (arrays shared with ``td`` where
+        untransformed); ``.params`` holds the spec params the file states
+        (``md.build(spec, weights=td)`` uses them) and ``.variant`` the variant they
+        complete.
 
     Raises:
-        WeightsError: the file does not fit the spec's mapping (missing/unexpected
-            tensors listed) or is not a weights file. SpecError: an invalid spec.
+        WeightsError: the tensors do not fit the spec's mapping (missing/unexpected
+            tensors listed). SpecError: an invalid spec.
 
     Example::
 
         td = md.load_weights("bert-hf/", spec="specs/bert.yaml")
         g = md.build("specs/bert.yaml", weights=td)       # hidden size etc. from config.json
     """
-    import os
-
-    from ..spec import Spec, load_spec
-    from . import load_weights
-
     if not isinstance(spec, Spec):
         spec = load_spec(spec, variant)
     elif variant:
         spec = spec.with_variant(variant)
-    td = path_or_td if isinstance(path_or_td, TensorDict) else load_weights(
-        os.fspath(path_or_td))
     params = params_from_metadata(spec, dict(td.metadata))
     out = prepare_weights(spec, td, params)
     if out is td:                            # nothing renamed: a new dict, arrays shared
