@@ -116,8 +116,9 @@ def _expert_linear_rule(types, attrs):
 
 define("expert_linear", rule=_expert_linear_rule, run="experts", inputs=("x", "w", "ids"),
        optional=("bias",), kind="linalg",
-       doc="out[..., j, :] = x[..., (j,) :] @ w[ids[..., j]].T (+ bias[ids[..., j]]): each "
-           "row through its chosen experts only (llama.cpp's mul_mat_id)",
+       doc="out[..., j, :] = x_j @ w[ids[..., j]].T (+ bias[ids[..., j]]), x_j the token's "
+           "row (or its j-th row): each token through its chosen experts only, no other "
+           "expert read (llama.cpp's mul_mat_id)",
        rule_doc="x float[..., K] (shared by the k experts) or [..., k, K] (one row each), "
                 "w [E, N, K] (quantized: x float32), ids integer [..., k], bias [E, N] -> "
                 "[..., k, N]")
