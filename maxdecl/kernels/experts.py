@@ -21,20 +21,27 @@ from .config import CACHE
 
 
 # -- topk ---------------------------------------------------------------------------
+@numba.njit(cache=CACHE, inline="always")
+def _above(a, b):
+    """a ranks above b: greater, or NaN against a number (torch ranks NaN highest)."""
+    return a > b or (a != a and b == b)
+
+
 @njit_twins()
 def _topk_rows(x, vals, idx):
     # x: (R, C) -> vals: (R, k) x's dtype, idx: (R, k) i64; a sorted buffer per row.
-    # An element enters only if strictly greater than the buffer's last (ties keep the
-    # earlier index) and is inserted after every value >= it (sorted, stable).
+    # Once the buffer is full, an element enters only if it ranks strictly above the
+    # buffer's last (ties keep the earlier index); it goes after every value that does
+    # not rank below it (sorted, stable). O(C * k) per row: k is small (routers, sampling).
     k = vals.shape[1]
     for r in numba.prange(x.shape[0]):
         filled = 0
         for c in range(x.shape[1]):
             v = x[r, c]
-            if filled == k and not v > vals[r, k - 1]:
+            if filled == k and not _above(v, vals[r, k - 1]):
                 continue
             pos = filled if filled < k else k - 1
-            while pos > 0 and v > vals[r, pos - 1]:
+            while pos > 0 and _above(v, vals[r, pos - 1]):
                 vals[r, pos] = vals[r, pos - 1]
                 idx[r, pos] = idx[r, pos - 1]
                 pos -= 1

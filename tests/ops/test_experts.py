@@ -113,3 +113,11 @@ def test_expert_linear_rejects_bad_ids_and_shapes(rng):
                                    md.TensorType(md.DType.int64, (2, 1))])
     with pytest.raises(md.GraphError, match=r"must be 3-D \[n_expert, N, K\]"):
         md.ops.expert_linear(*g.inputs)
+
+
+def test_topk_ranks_nan_highest_as_torch():
+    x = np.array([[0.5, np.nan, 2.0, -1.0, np.nan]], np.float32)
+    v, i = run_op(lambda a: md.ops.topk(a, 3), x)
+    tv, ti = torch.topk(torch.from_numpy(x), 3)
+    np.testing.assert_array_equal(i, ti.numpy())
+    np.testing.assert_array_equal(v, tv.numpy())
