@@ -66,3 +66,51 @@ def test_mamba_untied_output(tmp_path):
     g, td = load("mamba", path)
     pre, dec = decoder_errors(g, td, hf_logits(model, ids), ids)
     assert pre <= TOL and dec <= TOL
+
+
+def mamba_to_gguf(model, path) -> str:
+    """A MambaForCausalLM as llama.cpp's converter writes it (arch mamba): conv filters
+    squeezed to [d_inner, d_conv], blk.N.ssm_a = -exp(A_log), tied output left out."""
+    import gguf
+
+    from modelhelp import _add_tokenizer, _write, hf_state
+
+    cfg, sd = model.config, hf_state(model)
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_context_length(1024)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_inner_size(cfg.intermediate_size)
+    w.add_ssm_state_size(cfg.state_size)
+    w.add_ssm_time_step_rank(cfg.time_step_rank)
+    w.add_layer_norm_rms_eps(cfg.layer_norm_epsilon)
+    _add_tokenizer(w, cfg.vocab_size)
+    t = {"token_embd.weight": sd["backbone.embeddings.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        p = f"backbone.layers.{i}."
+        m = p + "mixer."
+        t.update({
+            f"blk.{i}.attn_norm.weight": sd[p + "norm.weight"],
+            f"blk.{i}.ssm_in.weight": sd[m + "in_proj.weight"],
+            f"blk.{i}.ssm_conv1d.weight": sd[m + "conv1d.weight"][:, 0, :],
+            f"blk.{i}.ssm_conv1d.bias": sd[m + "conv1d.bias"],
+            f"blk.{i}.ssm_x.weight": sd[m + "x_proj.weight"],
+            f"blk.{i}.ssm_dt.weight": sd[m + "dt_proj.weight"],
+            f"blk.{i}.ssm_dt.bias": sd[m + "dt_proj.bias"],
+            f"blk.{i}.ssm_a": -np.exp(sd[m + "A_log"]),
+            f"blk.{i}.ssm_d": sd[m + "D"],
+            f"blk.{i}.ssm_out.weight": sd[m + "out_proj.weight"],
+        })
+    t["output_norm.weight"] = sd["backbone.norm_f.weight"]
+    _write(w, t)
+    return str(path)
+
+
+def test_mamba_gguf_matches_hf(mamba, tmp_path):
+    model, _, ids, ref = mamba
+    g, td = load("mamba", mamba_to_gguf(model, tmp_path / "mamba.gguf"))
+    assert td.params["d_state"] == 8 and td.params["vocab"] == 80
+    pre, dec = decoder_errors(g, td, ref, ids)
+    print(f"mamba GGUF vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
+    assert pre <= TOL and dec <= TOL
