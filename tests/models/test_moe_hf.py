@@ -163,3 +163,51 @@ def test_mixtral_gguf_q8_0_experts_load_packed(mixtral, tmp_path):
     assert w.shape == (6, 96, 64) and w.data.shape == (6, 96, 2 * 34)
     pre, dec = decoder_errors(g, td, ref, ids)
     assert pre < 0.05 and dec < 0.05
+
+
+def test_qwen3_moe_gguf_matches_hf(tmp_path):
+    """arch qwen3moe as llama.cpp writes it: HF q/k row order (neox RoPE), QK-norms,
+    experts stacked; llama.cpp renormalises the top-k weights (norm_topk_prob true)."""
+    import gguf
+
+    from modelhelp import _add_tokenizer, _write, hf_state
+
+    model = make_qwen3_moe(seed=2, norm_topk_prob=True)
+    cfg, sd = model.config, hf_state(model)
+    f = cfg.moe_intermediate_size
+    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "qwen3moe")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_expert_feed_forward_length(f)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(1e6)
+    _add_tokenizer(w, cfg.vocab_size)
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate": "ffn_gate_inp"}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for src, dst in names.items():
+            t[f"blk.{i}.{dst}.weight"] = sd[p + src + ".weight"]
+        gate_up = sd[p + "mlp.experts.gate_up_proj"]               # [E, 2F, D]: gate, then up
+        t[f"blk.{i}.ffn_gate_exps.weight"] = gate_up[:, :f]
+        t[f"blk.{i}.ffn_up_exps.weight"] = gate_up[:, f:]
+        t[f"blk.{i}.ffn_down_exps.weight"] = sd[p + "mlp.experts.down_proj"]
+    t["output_norm.weight"] = sd["model.norm.weight"]
+    t["output.weight"] = sd["lm_head.weight"]
+    _write(w, t)
+    ids = token_ids(cfg.vocab_size, seed=6)
+    g, td = load("qwen3_moe", tmp_path / "q.gguf")
+    assert td.params["head_dim"] == 24 and td.params["n_expert"] == 8
+    pre, dec = decoder_errors(g, td, hf_logits(model, ids), ids)
+    assert pre <= TOL and dec <= TOL
