@@ -45,7 +45,8 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
             encoding, or unquantized for arrays). Without it, encodings follow the
             spec's ``encodings`` rules.
         variant: variant name (default: the spec's selected/default variant).
-        params: hyperparameter overrides (e.g. read from weights metadata).
+        params: hyperparameter overrides (e.g. read from weights metadata); by
+            default ``weights.params`` (set by ``md.load_weights(path, spec=...)``).
 
     Returns:
         A Graph; ``graph.output_names`` names its outputs. Run it with
@@ -66,6 +67,9 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
     from .dtypes import DType, TensorType
     from .graph import Graph
 
+    if weights is not None and params is None:       # md.load_weights(path, spec=...)
+        params = getattr(weights, "params", None) or None
+        variant = variant or getattr(weights, "variant", None)
     # Bound weights bring their own encodings: the spec's encoding rules do not apply.
     spec, prog = _program(spec, variant, params, check_encodings=weights is None)
     if weights is not None:

@@ -101,12 +101,17 @@ class TensorDict(MutableMapping):
     ``metadata`` is a plain dict describing where the tensors came from: GGUF
     key/values (``general.architecture``), a Hugging Face ``config.json``, a
     llama2.c header; ``metadata["maxdecl.format"]`` names the file format.
+    ``params`` holds the spec hyperparameters read from that metadata
+    (``md.load_weights(path, spec=...)``; ``md.build`` uses them), ``variant`` the
+    spec variant they complete.
     """
 
-    def __init__(self, items=None, metadata=None):
+    def __init__(self, items=None, metadata=None, params=None):
         self._items: dict[str, object] = {}
         self.version = 0          # bumped by every change; lets a graph cache its binding
         self.metadata: dict = dict(metadata) if metadata else {}
+        self.params: dict = dict(params) if params else {}
+        self.variant: str | None = None
         if items:
             for k, v in dict(items).items():
                 self[k] = v
@@ -147,7 +152,8 @@ class TensorDict(MutableMapping):
         """A deep copy: no array is shared with ``self``."""
         import copy
 
-        out = TensorDict(metadata=copy.deepcopy(self.metadata))
+        out = TensorDict(metadata=copy.deepcopy(self.metadata), params=copy.deepcopy(self.params))
+        out.variant = self.variant
         for k, v in self._items.items():
             out._items[k] = v.copy() if isinstance(v, QuantizedTensor) else np.array(v, copy=True)
         return out

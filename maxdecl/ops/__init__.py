@@ -14,7 +14,7 @@ Shared rules, written once here:
 * **Dtypes**: no implicit promotion between tensors: inputs of an op share one
   dtype (cast explicitly). A Python scalar takes the dtype of its tensor partner.
 * **Quantized values** (uint8 packed blocks with ``.encoding``) are accepted only
-  by ``qmatmul``, ``linear`` and ``embedding``.
+  by ``qmatmul``, ``linear``, ``expert_linear`` and ``embedding``.
 * **Errors** name the layer path, op and input types (``GraphError``, or a spec
   problem at the op's ``file:line:col``: the same text).
 """
@@ -31,6 +31,8 @@ from .conv import *  # noqa: F403
 from .conv_transpose import *  # noqa: F403
 from .pool import *  # noqa: F403
 from .transformer import *  # noqa: F403
+from .experts import *  # noqa: F403
+from .ssm import *  # noqa: F403
 from .custom import *  # noqa: F403
 from .reduction import softmax
 from .shape import reshape, transpose

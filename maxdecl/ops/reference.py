@@ -6,7 +6,8 @@ from ._registry import REGISTRY, REQUIRED
 
 _KINDS = [("elementwise", "Elementwise"), ("shape", "Shape"), ("reduction", "Reductions"),
           ("linalg", "Linear algebra"), ("norm", "Normalization"),
-          ("transformer", "Transformer"), ("conv", "Convolution"), ("pool", "Pooling")]
+          ("transformer", "Transformer"), ("conv", "Convolution"), ("pool", "Pooling"),
+          ("ssm", "State-space")]
 
 
 def _attr(name, default) -> str:

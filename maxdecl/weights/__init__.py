@@ -80,10 +80,13 @@ _LOADERS = {"gguf": load_gguf, "safetensors": load_safetensors, "llama2c": load_
             "hf": load_hf}
 
 
-def load_weights(path) -> TensorDict:
+def load_weights(path, spec=None, variant: str | None = None) -> TensorDict:
     """Load any supported weights file or directory into a TensorDict.
 
-    The format is told by content (see the module table), not by extension.
+    The format is told by content (see the module table), not by extension. With
+    ``spec`` (a path or ``Spec``), its ``formats`` apply (``load_for_spec``): tensors
+    take the spec's names and transforms, and ``td.params`` holds the hyperparameters
+    read from the file, which ``md.build(spec, weights=td)`` uses.
 
     Returns:
         TensorDict; GGUF tensors keep their GGUF names and packed encodings;
@@ -100,4 +103,8 @@ def load_weights(path) -> TensorDict:
         td["blk.0.attn_q.weight"]            # QuantizedTensor(q5_0, shape=[1024, 640], ...)
         td.metadata["general.architecture"]  # 'gemma3'
     """
+    if spec is not None:
+        from .for_spec import load_for_spec
+
+        return load_for_spec(_LOADERS[detect_format(path)](path), spec, variant)
     return _LOADERS[detect_format(path)](path)

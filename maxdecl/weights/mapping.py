@@ -12,7 +12,13 @@ A spec declares, per foreign format, a name mapping and transforms::
       "blk.*.attn_norm.weight": {add: 1.0}
 
 ``{i}`` (any ``{name}``) matches a non-negative integer and is substituted into
-the target. Transforms, applied in declaration order:
+the target. One placeholder the target does not use **stacks**: the matching tensors
+(indices 0..n-1, all present) become one tensor with a new first axis in index
+order, as GGUF stores mixture-of-experts weights::
+
+      "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight": "blk.{i}.ffn_gate_exps.weight"
+
+Transforms, applied in declaration order (after stacking):
 
 - ``permute_qk: n`` -- Hugging Face Llama stores each head's q/k rows as two
   halves (rotate-half rope); GGUF / Meta interleave them in pairs. Rows of head
@@ -21,6 +27,10 @@ the target. Transforms, applied in declaration order:
   Works on arrays and on QuantizedTensors (whole rows move).
 - ``add: c`` -- ``w + c`` in float32 (Gemma: HF stores ``w``, GGUF ``1 + w``).
 - ``transpose: true`` -- swap the two axes of a 2-D tensor (arrays, bf16).
+- ``exp: true`` -- ``exp(w)``; ``scale: c`` -- ``c * w`` (float32). Mamba's
+  ``A = -exp(A_log)`` is ``{exp: true, scale: -1.0}``.
+- ``squeeze: axis`` -- drop an axis of size 1 (torch's depthwise ``[C, 1, K]`` conv
+  filters are ``[C, K]`` in GGUF).
 
 A transform value that is a string names a parameter in ``params``
 (``n_heads`` or ``"{n_heads}"``).
@@ -98,11 +108,62 @@ def _transpose(w, flag):
     return np.ascontiguousarray(w.T)
 
 
+def _float(w) -> np.ndarray:
+    return w.dequantize() if isinstance(w, QuantizedTensor) else np.asarray(w, np.float32)
+
+
+def _exp(w, flag):
+    return np.exp(_float(w)).astype(np.float32) if flag else w
+
+
+def _scale(w, c):
+    return (_float(w) * np.float32(c)).astype(np.float32)
+
+
+def _squeeze(w, axis):
+    shape = tuple(w.shape)
+    axis = int(axis)
+    if not -len(shape) <= axis < len(shape) or shape[axis] != 1:
+        raise WeightsError(f"squeeze: axis {axis} of shape {list(shape)} is not of size 1")
+    if isinstance(w, QuantizedTensor):
+        if axis % len(shape) == len(shape) - 1:
+            raise WeightsError("squeeze: cannot drop the packed last axis")
+        new = shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
+        return QuantizedTensor(w.data.reshape(*new[:-1], -1), new, w.encoding)
+    return np.squeeze(np.asarray(w), axis)
+
+
 TRANSFORMS = {
     "permute_qk": lambda w, n: permute_qk(w, int(n)),
     "add": _add,
     "transpose": _transpose,
+    "exp": _exp,
+    "scale": _scale,
+    "squeeze": _squeeze,
 }
+
+
+def _stack(target: str, parts: list):
+    """``[(index, source name, value)]`` -> one value with a new first axis, by index."""
+    parts.sort(key=lambda p: p[0])
+    idx = [p[0] for p in parts]
+    if idx != list(range(len(parts))):
+        raise WeightsError(f"{target}: stacking {parts[0][1]!r} and the rest needs indices "
+                           f"0..{len(parts) - 1} once each, got {idx}")
+    values = [p[2] for p in parts]
+    first = values[0]
+    if any(tuple(v.shape) != tuple(first.shape) for v in values):
+        raise WeightsError(f"{target}: stacked tensors differ in shape "
+                           f"({sorted({tuple(v.shape) for v in values})})")
+    if isinstance(first, QuantizedTensor):
+        if any(not isinstance(v, QuantizedTensor) or v.encoding != first.encoding
+               for v in values):
+            raise WeightsError(f"{target}: stacked tensors differ in encoding")
+        return QuantizedTensor(np.stack([v.data for v in values]),
+                               (len(values), *first.shape), first.encoding)
+    if any(isinstance(v, QuantizedTensor) for v in values):
+        raise WeightsError(f"{target}: stacked tensors differ in encoding")
+    return np.stack([np.asarray(v) for v in values])
 
 
 def _param(value, params: dict, where: str):
@@ -161,8 +222,10 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                                "which the source pattern does not capture")
 
     renamed: dict[str, str] = {}      # target -> source
+    stacked: dict[str, list] = {}     # target -> [(index, source)]
     unexpected: list[str] = []
     for name in td.keys():
+        stack_at = None
         if name in exact:
             target = exact[name]
         else:
@@ -171,11 +234,20 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                 if m:
                     target = None if t is None else _PLACEHOLDER.sub(
                         lambda p: str(int(m.group(p.group(1)))), t)
+                    free = [k for k in rx.groupindex if t is not None
+                            and "{" + k + "}" not in t]
+                    if len(free) == 1:          # two or more: ambiguous, no stacking
+                        stack_at = int(m.group(free[0]))
                     break
             else:
                 unexpected.append(name)
                 continue
         if target is None:
+            continue
+        if stack_at is not None:
+            stacked.setdefault(target, []).append((stack_at, name))
+            if target not in renamed:
+                renamed[target] = name
             continue
         if target in renamed:
             raise WeightsError(f"mapping: {renamed[target]!r} and {name!r} both map to "
@@ -195,7 +267,10 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
 
     out = TensorDict(metadata=copy.deepcopy(getattr(td, "metadata", {})))
     for target, source in renamed.items():
-        value = td[source]
+        if target in stacked:
+            value = _stack(target, [(i, src, td[src]) for i, src in stacked[target]])
+        else:
+            value = td[source]
         for glob, spec in transforms.items():
             if not fnmatch.fnmatchcase(target, glob):
                 continue

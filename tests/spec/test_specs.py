@@ -29,7 +29,7 @@ def test_spec_validates_in_every_variant(path):
     for v in spec.variants:
         prog = spec.program(v)
         assert prog.ops and prog.weights
-        assert prog.outputs[0][0] in ("logits", "y")
+        assert prog.outputs[0][0] in ("logits", "y", "last_hidden_state")   # encoders: hidden states
 
 
 def test_schema_is_draft_2020_12_and_public():

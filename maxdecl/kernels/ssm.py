@@ -1,0 +1,110 @@
+"""Runtime of ``causal_conv1d`` and ``selective_scan`` (``maxdecl.ops.ssm``).
+
+Leading batch dims are flattened to one ``B``; the wrappers check every shape, so
+the kernels never index past their inputs.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..dtypes import format_shape
+from ._dispatch import njit_twins, pick
+
+
+@njit_twins()
+def _conv_rows(x, w, bias, state, y, new_state):
+    # x: (B, L, C), w: (C, K), bias: (C,), state: (B, K-1, C) f32
+    # -> y: (B, L, C); new_state: (B, K-1, C), the last K-1 rows of [state; x]
+    nb, seq, ch = x.shape
+    k = w.shape[1]
+    for r in numba.prange(nb * seq):
+        b = r // seq
+        t = r % seq
+        for c in range(ch):
+            acc = bias[c]
+            for j in range(k):
+                s = t + j - (k - 1)                  # row of x; < 0 reads the state
+                v = x[b, s, c] if s >= 0 else state[b, s + k - 1, c]
+                acc += w[c, j] * v
+            y[b, t, c] = acc
+    for b in range(nb):
+        for i in range(k - 1):
+            s = seq - (k - 1) + i
+            for c in range(ch):
+                new_state[b, i, c] = x[b, s, c] if s >= 0 else state[b, s + k - 1, c]
+
+
+def _f32(a):
+    """float32, C-contiguous; a scalar stays 0-d (ascontiguousarray would make it [1])."""
+    return np.ascontiguousarray(a, dtype=np.float32) if np.ndim(a) else np.asarray(a, np.float32)
+
+
+def _conv_run(args, attrs):
+    x, w, *rest = (_f32(a) for a in args)
+    ch, k = w.shape
+    lead = x.shape[:-2]
+    bias = np.broadcast_to(rest[0], (ch,)).copy() if rest else np.zeros(ch, np.float32)
+    want = (*lead, k - 1, ch)
+    if x.shape[-1] != ch or (len(rest) > 1 and rest[1].shape != want) or \
+            (rest and rest[0].ndim and rest[0].shape != (ch,)):
+        raise ValueError(f"causal_conv1d: x{format_shape(x.shape)}, weight{format_shape(w.shape)}"
+                         f"{''.join(f', {format_shape(r.shape)}' for r in rest)}: expected "
+                         f"x[..., seq, {ch}], bias [{ch}], state {format_shape(want)}")
+    seq = x.shape[-2]
+    x3 = x.reshape(-1, seq, ch)
+    state = rest[1].reshape(-1, k - 1, ch) if len(rest) > 1 else \
+        np.zeros((x3.shape[0], k - 1, ch), np.float32)
+    y = np.empty_like(x3)
+    new_state = np.empty_like(state)
+    pick(_conv_rows, x3.size * k)(x3, w, bias, state, y, new_state)
+    y = y.reshape(x.shape)
+    return [y, new_state.reshape(want)] if len(rest) > 1 else [y]
+
+
+@njit_twins()
+def _scan_rows(x, dt, a, bm, cm, dv, h, y, softplus):
+    # x, dt: (B, L, D); a: (D, N); bm, cm: (B, L, N); dv: (D,); h: (B, D, N) in/out
+    # -> y: (B, L, D). One (batch, channel) pair per iteration; h[b, d] stays in a row.
+    nb, seq, ch = x.shape
+    n = a.shape[1]
+    for r in numba.prange(nb * ch):
+        b = r // ch
+        d = r % ch
+        hs = h[b, d]
+        for t in range(seq):
+            delta = dt[b, t, d]
+            if softplus and delta <= np.float32(20.0):      # torch's softplus threshold
+                delta = np.float32(np.log1p(np.exp(np.float64(delta))))
+            xv = x[b, t, d]
+            acc = np.float32(0.0)
+            for i in range(n):
+                hs[i] = np.exp(delta * a[d, i]) * hs[i] + (delta * bm[b, t, i]) * xv
+                acc += hs[i] * cm[b, t, i]
+            y[b, t, d] = acc + dv[d] * xv
+
+
+def _scan_run(args, attrs):
+    x, dt, a, bm, cm, dv, *rest = (_f32(v) for v in args)
+    ch, n = a.shape
+    lead, seq = x.shape[:-2], x.shape[-2]
+    want_bc, want_h = (*lead, seq, n), (*lead, ch, n)
+    if (x.shape[-1] != ch or dt.shape != x.shape or bm.shape != want_bc
+            or cm.shape != want_bc or (dv.ndim and dv.shape != (ch,))
+            or (rest and rest[0].shape != want_h)):
+        shapes = ", ".join(format_shape(v.shape) for v in args)
+        raise ValueError(f"selective_scan: inputs {shapes}: expected x, dt [..., seq, {ch}], "
+                         f"A [{ch}, {n}], B, C {format_shape(want_bc)}, D [{ch}], "
+                         f"state {format_shape(want_h)}")
+    h = (rest[0].copy() if rest else np.zeros(want_h, np.float32)).reshape(-1, ch, n)
+    x3 = x.reshape(-1, seq, ch)
+    y = np.empty_like(x3)
+    pick(_scan_rows, x3.size * n)(x3, dt.reshape(x3.shape), a, bm.reshape(-1, seq, n),
+                                  cm.reshape(-1, seq, n), np.broadcast_to(dv, (ch,)).copy(),
+                                  h, y, bool(attrs["dt_softplus"]))
+    y = y.reshape(x.shape)
+    return [y, h.reshape(want_h)] if rest else [y]
+
+
+RUN = {"causal_conv1d": _conv_run, "selective_scan": _scan_run}

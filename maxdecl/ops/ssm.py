@@ -1,0 +1,147 @@
+"""State-space ops (Mamba): ``causal_conv1d`` and ``selective_scan``.
+
+Both work on token rows ``[..., seq, channels]`` (the layout of every other op) and
+take their recurrent state as an explicit input and return the new one, as
+``attention`` does with its KV cache: a prefill starts from zeros, and each decode
+step feeds back the state the previous step returned. Runtime: ``maxdecl.kernels.ssm``.
+
+* ``causal_conv1d(x, weight, bias?, state?)``: depthwise (one filter per channel),
+  left-padded by ``K - 1`` (Mamba's ``conv1d`` with ``groups = channels``);
+  ``state [..., K - 1, C]`` holds the last ``K - 1`` input rows.
+* ``selective_scan(x, dt, A, B, C, D, state?)``: Mamba-1's recurrence per channel d
+  and state index n: ``h = exp(dt * A) * h + dt * B_t * x_t``,
+  ``y_t = C_t . h + D * x_t`` (``dt_softplus``: ``dt = softplus(dt)`` first).
+"""
+
+from __future__ import annotations
+
+from ..dtypes import DType, TensorType, format_shape
+from . import _checks
+from ._registry import apply, define
+
+__all__ = ["causal_conv1d", "selective_scan"]
+
+
+def _float32(*pairs):
+    for v, what in pairs:
+        if v.is_quantized or v.dtype != DType.float32:
+            raise TypeError(f"{what} must be float32, got {v.type}")
+
+
+def _same_dims(a, b) -> bool:
+    return len(a) == len(b) and all(_checks.dims_equal(p, q) for p, q in zip(a, b))
+
+
+# -- causal_conv1d ------------------------------------------------------------------------
+def _conv_rule(types, attrs):
+    x, w, *rest = types
+    bias, state = (rest + [None, None])[:2]
+    _float32((x, "x"), (w, "weight"))
+    for v, what in ((bias, "bias"), (state, "state")):
+        if v is not None:
+            _float32((v, what))
+    if x.rank < 2:
+        raise ValueError(f"x{format_shape(x.shape)} must be [..., seq, channels]")
+    c = x.shape[-1]
+    if w.rank != 2 or not _checks.dims_equal(w.shape[0], c) or not isinstance(w.shape[1], int):
+        raise ValueError(f"weight{format_shape(w.shape)} must be [{c}, K] (one filter of static "
+                         f"width K per channel of x{format_shape(x.shape)})")
+    if bias is not None and bias.rank != 0 and not _same_dims(bias.shape, (c,)):
+        raise ValueError(f"bias{format_shape(bias.shape)} must be [{c}] or a scalar")
+    out = TensorType(DType.float32, x.shape)
+    if state is None:
+        return [out]
+    want = (*x.shape[:-2], w.shape[1] - 1, c)
+    if not _same_dims(state.shape, want):
+        raise ValueError(f"state{format_shape(state.shape)} must be {format_shape(want)} "
+                         "(the last K - 1 input rows)")
+    return [out, TensorType(DType.float32, want)]
+
+
+define("causal_conv1d", rule=_conv_rule, run="ssm", inputs=("x", "weight"),
+       optional=("bias", "state"), kind="conv",
+       outputs=lambda n, attrs: 2 if n >= 4 else 1,
+       outputs_doc="y; with `state` also the new state",
+       doc="depthwise causal convolution over seq: y[t, c] = bias[c] + sum_j weight[c, j] * "
+           "x[t - K + 1 + j, c], earlier rows from state (zeros without it)",
+       rule_doc="x float32 [..., seq, C], weight [C, K] (K static), bias [C] or scalar, "
+                "state [..., K - 1, C] -> y [..., seq, C] (and the new state)")
+
+
+def causal_conv1d(x, weight, bias=None, state=None):
+    """Depthwise causal 1-D convolution along ``seq`` of ``x [..., seq, C]``.
+
+    ``y[t, c] = bias[c] + sum_{j<K} weight[c, j] * xs[t + j, c]`` where ``xs`` is
+    ``state [..., K-1, C]`` (zeros when None) followed by ``x``: torch's
+    ``conv1d(x, weight[:, None], bias, groups=C, padding=K-1)[..., :seq]``. With a
+    state, returns ``(y, new_state)``: the last ``K - 1`` rows of ``xs``.
+
+    Example::
+
+        y, conv_state = md.ops.causal_conv1d(x, w, b, conv_state)
+    """
+    if state is not None and bias is None:
+        bias = 0.0
+    ins = [x, weight] + ([] if bias is None else [bias]) + ([] if state is None else [state])
+    outs = apply("causal_conv1d", ins)
+    return outs[0] if state is None else (outs[0], outs[1])
+
+
+# -- selective_scan -----------------------------------------------------------------------
+def _scan_rule(types, attrs):
+    x, dt, a, b, c, d, *rest = types
+    _float32((x, "x"), (dt, "dt"), (a, "A"), (b, "B"), (c, "C"), (d, "D"),
+             *[(s, "state") for s in rest])
+    if x.rank < 2:
+        raise ValueError(f"x{format_shape(x.shape)} must be [..., seq, D]")
+    *lead, seq, ch = x.shape
+    if not _same_dims(dt.shape, x.shape):
+        raise ValueError(f"dt{format_shape(dt.shape)} must have x's shape {format_shape(x.shape)}")
+    if a.rank != 2 or not _checks.dims_equal(a.shape[0], ch):
+        raise ValueError(f"A{format_shape(a.shape)} must be [{ch}, N] (N state dims per channel)")
+    n = a.shape[1]
+    for v, what in ((b, "B"), (c, "C")):
+        if not _same_dims(v.shape, (*lead, seq, n)):
+            raise ValueError(f"{what}{format_shape(v.shape)} must be "
+                             f"{format_shape((*lead, seq, n))}")
+    if d.rank != 0 and not _same_dims(d.shape, (ch,)):
+        raise ValueError(f"D{format_shape(d.shape)} must be [{ch}] or a scalar")
+    out = TensorType(DType.float32, x.shape)
+    if not rest:
+        return [out]
+    if not _same_dims(rest[0].shape, (*lead, ch, n)):
+        raise ValueError(f"state{format_shape(rest[0].shape)} must be "
+                         f"{format_shape((*lead, ch, n))}")
+    return [out, TensorType(DType.float32, (*lead, ch, n))]
+
+
+define("selective_scan", rule=_scan_rule, run="ssm", inputs=("x", "dt", "A", "B", "C", "D"),
+       optional=("state",), attrs={"dt_softplus": False}, kind="ssm",
+       outputs=lambda n, attrs: 2 if n >= 7 else 1,
+       outputs_doc="y; with `state` also the new state",
+       normalize=lambda attrs: {"dt_softplus": bool(attrs["dt_softplus"])},
+       doc="Mamba-1 selective scan: h = exp(dt * A) * h + dt * B_t * x_t, y_t = C_t . h + "
+           "D * x_t per channel, h from state (zeros without it)",
+       rule_doc="x, dt float32 [..., seq, D], A [D, N], B, C [..., seq, N], D [D] or scalar, "
+                "state [..., D, N] -> y [..., seq, D] (and the new state)")
+
+
+def selective_scan(x, dt, A, B, C, D, state=None, dt_softplus=False):  # noqa: N803
+    """Mamba-1's selective scan (``mamba_ssm.selective_scan_fn`` without z / dt_bias).
+
+    For each channel ``d`` (of ``x [..., seq, D]``) and state index ``n`` (of
+    ``A [D, N]``), over t in order, with ``dt`` softplus-ed when ``dt_softplus``::
+
+        h[d, n] = exp(dt[t, d] * A[d, n]) * h[d, n] + dt[t, d] * B[t, n] * x[t, d]
+        y[t, d] = sum_n C[t, n] * h[d, n] + D[d] * x[t, d]
+
+    ``h`` starts as ``state [..., D, N]`` (zeros when None); with a state, returns
+    ``(y, new_state)``.
+
+    Example::
+
+        y, ssm_state = md.ops.selective_scan(x, dt, A, B, C, D, ssm_state, dt_softplus=True)
+    """
+    ins = [x, dt, A, B, C, D] + ([] if state is None else [state])
+    outs = apply("selective_scan", ins, dt_softplus=dt_softplus)
+    return outs[0] if state is None else (outs[0], outs[1])

@@ -1,0 +1,58 @@
+"""Helpers for the architecture tests (MoE, Mamba, encoders): the low-level route.
+
+``md.load_weights(path, spec=SPEC)`` maps an HF directory onto the spec and reads its
+hyperparameters (``td.params``), ``md.build`` uses them, ``md.compile`` runs the graph;
+the decoders are stepped here through their state (KV caches, conv/SSM states).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import maxdecl as md
+from modelhelp import N_PROMPT, rel_err, spec_path
+
+TOL = 1e-5          # max|ours - ref| <= TOL * max|ref|
+
+
+def load(name: str, path, variant: str = "tiny"):
+    """(graph, weights) of ``specs/<name>.yaml`` on the HF directory ``path``."""
+    td = md.load_weights(path, spec=spec_path(name), variant=variant)
+    return md.build(spec_path(name), weights=td), td
+
+
+class Stepper:
+    """Runs a decoder graph step by step, feeding each state output back as input."""
+
+    def __init__(self, graph, weights):
+        self.run = md.compile(graph, weights)
+        self.graph = graph
+        self.names = [v.name for v in graph.inputs]
+        self.outs = list(graph.output_names)
+        self.state_names = [n for n in self.names if n in self.outs]
+
+    def initial_state(self) -> dict:
+        return {v.name: np.zeros(tuple(0 if isinstance(d, str) else d for d in v.shape),
+                                 v.dtype.numpy)
+                for v in self.graph.inputs if v.name in self.state_names}
+
+    def step(self, ids, start: int, state: dict):
+        """Logits of every position of ``ids`` (at ``start``...) and the new state."""
+        ids = np.asarray(ids, np.int64)
+        feed = {"tokens": ids, "positions": np.arange(start, start + ids.size, dtype=np.int64),
+                "logit_rows": np.arange(ids.size, dtype=np.int64), **state}
+        res = self.run(*(feed[n] for n in self.names))
+        got = dict(zip(self.outs, res))
+        return got["logits"], {n: got[n] for n in self.state_names}
+
+
+def decoder_errors(graph, weights, ref, ids, n_prompt: int = N_PROMPT) -> tuple[float, float]:
+    """(prefill error, decode error): a prefill of ``n_prompt`` tokens, then one token at
+    a time through the state, against reference logits of the whole sequence."""
+    s = Stepper(graph, weights)
+    pre, state = s.step(ids[:n_prompt], 0, s.initial_state())
+    dec = []
+    for pos in range(n_prompt, len(ids)):
+        lg, state = s.step([ids[pos]], pos, state)
+        dec.append(lg[-1])
+    return rel_err(pre, ref[:n_prompt]), rel_err(np.stack(dec), ref[n_prompt:])

@@ -1,0 +1,123 @@
+"""causal_conv1d and selective_scan against torch, whole sequences and step by step."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maxdecl as md
+from ophelp import close, run_op
+
+
+def torch_causal_conv(x, w, b):
+    """x [B, L, C] -> conv1d with groups=C and k-1 zeros on the left (Mamba's conv1d)."""
+    xt = torch.from_numpy(x).transpose(1, 2)
+    k = w.shape[1]
+    y = F.conv1d(F.pad(xt, (k - 1, 0)), torch.from_numpy(w)[:, None, :],
+                 None if b is None else torch.from_numpy(b), groups=w.shape[0])
+    return y.transpose(1, 2).numpy()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_causal_conv1d_matches_torch(rng, k):
+    x = rng.standard_normal((2, 9, 6)).astype(np.float32)
+    w = rng.standard_normal((6, k)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    close(run_op(md.ops.causal_conv1d, x, w, b), torch_causal_conv(x, w, b), atol=1e-5)
+    close(run_op(md.ops.causal_conv1d, x, w), torch_causal_conv(x, w, None), atol=1e-5)
+
+
+def test_causal_conv1d_state_carries_across_steps(rng):
+    """A prefill of 5 rows, then one row at a time through the state, equals one pass."""
+    x = rng.standard_normal((1, 9, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    ref = torch_causal_conv(x, w, b)
+    state = np.zeros((1, 3, 6), np.float32)
+    ys = []
+    for a, z in [(0, 5), (5, 6), (6, 7), (7, 8), (8, 9)]:
+        y, state = run_op(md.ops.causal_conv1d, x[:, a:z], w, b, state)
+        ys.append(y)
+        np.testing.assert_array_equal(state, x[:, z - 3:z])
+    close(np.concatenate(ys, axis=1), ref, atol=1e-5)
+    y, s = run_op(md.ops.causal_conv1d, x[:, :2], w, b, np.zeros((1, 3, 6), np.float32))
+    np.testing.assert_array_equal(s[:, 1:], x[:, :2])              # fewer rows than K - 1
+    assert not s[:, 0].any()
+
+
+def torch_selective_scan(x, dt, a, b, c, d, h0, softplus):
+    """transformers' MambaMixer slow path, written per step in float32."""
+    x, dt, a, b, c, d, h = (torch.from_numpy(v) for v in (x, dt, a, b, c, d, h0.copy()))
+    if softplus:
+        dt = F.softplus(dt)
+    ys = []
+    for t in range(x.shape[1]):
+        da = torch.exp(a[None] * dt[:, t, :, None])                # [B, D, N]
+        dbu = dt[:, t, :, None] * b[:, t, None, :] * x[:, t, :, None]
+        h = da * h + dbu
+        ys.append((h @ c[:, t, :, None])[..., 0] + d * x[:, t])
+    return torch.stack(ys, 1).numpy(), h.numpy()
+
+
+def scan_inputs(rng, bsz=2, seq=7, ch=5, n=4):
+    x = rng.standard_normal((bsz, seq, ch)).astype(np.float32)
+    dt = rng.standard_normal((bsz, seq, ch)).astype(np.float32)
+    a = -np.exp(rng.standard_normal((ch, n))).astype(np.float32)
+    b = rng.standard_normal((bsz, seq, n)).astype(np.float32)
+    c = rng.standard_normal((bsz, seq, n)).astype(np.float32)
+    d = rng.standard_normal(ch).astype(np.float32)
+    h0 = rng.standard_normal((bsz, ch, n)).astype(np.float32)
+    return x, dt, a, b, c, d, h0
+
+
+@pytest.mark.parametrize("softplus", [False, True])
+def test_selective_scan_matches_torch(rng, softplus):
+    x, dt, a, b, c, d, h0 = scan_inputs(rng)
+    if not softplus:
+        dt = np.abs(dt)
+    ref_y, ref_h = torch_selective_scan(x, dt, a, b, c, d, h0, softplus)
+    y, h = run_op(lambda *v: md.ops.selective_scan(*v, dt_softplus=softplus),
+                  x, dt, a, b, c, d, h0)
+    close(y, ref_y, atol=1e-5)
+    close(h, ref_h, atol=1e-5)
+    ref0, _ = torch_selective_scan(x, dt, a, b, c, d, np.zeros_like(h0), softplus)
+    y0 = run_op(lambda *v: md.ops.selective_scan(*v, dt_softplus=softplus), x, dt, a, b, c, d)
+    close(y0, ref0, atol=1e-5)
+
+
+def test_selective_scan_step_by_step_equals_one_pass(rng):
+    x, dt, a, b, c, d, _ = scan_inputs(rng, bsz=1)
+    h = np.zeros((1, 5, 4), np.float32)
+    whole = run_op(lambda *v: md.ops.selective_scan(*v, dt_softplus=True), x, dt, a, b, c, d)
+    ys = []
+    for t in range(x.shape[1]):
+        y, h = run_op(lambda *v: md.ops.selective_scan(*v, dt_softplus=True),
+                      *(v[:, t:t + 1] for v in (x, dt)), a, *(v[:, t:t + 1] for v in (b, c)),
+                      d, h)
+        ys.append(y)
+    close(np.concatenate(ys, 1), whole, atol=1e-6)
+
+
+def test_ssm_rules_name_the_shapes():
+    f32 = md.DType.float32
+    g = md.Graph("t", input_types=[md.TensorType(f32, (9, 6)), md.TensorType(f32, (6, 4)),
+                                   md.TensorType(f32, (6,)), md.TensorType(f32, (2, 6))])
+    x, w, b, s = g.inputs
+    with pytest.raises(md.GraphError, match=r"state\[2, 6\] must be \[3, 6\]"):
+        md.ops.causal_conv1d(x, w, b, s)
+    with pytest.raises(md.GraphError, match=r"A\[6, 4\] must be \[6, N\]|B\[6\] must be"):
+        md.ops.selective_scan(x, x, w, b, b, b)
+
+
+def test_scalar_bias_and_d(rng):
+    """A scalar bias (a state without a bias) and a scalar D broadcast over channels."""
+    x = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    state = np.zeros((1, 2, 4), np.float32)
+    y, _ = run_op(lambda a, b, s: md.ops.causal_conv1d(a, b, state=s), x, w, state)
+    close(y, torch_causal_conv(x, w, None), atol=1e-5)
+    xs, dt, a, b, c, d, h0 = scan_inputs(rng)
+    ref, _ = torch_selective_scan(xs, np.abs(dt), a, b, c, np.full_like(d, 0.5), h0, False)
+    out = run_op(lambda x_, t_, a_, b_, c_, h_: md.ops.selective_scan(x_, t_, a_, b_, c_, 0.5, h_)[0],
+                 xs, np.abs(dt), a, b, c, h0)
+    close(out, ref, atol=1e-5)
