@@ -252,28 +252,29 @@ def _per_sequence(fn, args, attrs, opdef, rows):
             raise ValueError("a PerSequence state needs rows= (one row count per sequence)")
         return fn(args, attrs)
     axis = opdef.sequence_axis
-    names = list(opdef.inputs) + list(opdef.optional)
-    state_out = {opdef.state[n] for n in names[:len(args)] if n in opdef.state}
-    for a in args:
+    names = (list(opdef.inputs) + list(opdef.optional))[:len(args)]
+    state_out = {opdef.state[n] for n in names if n in opdef.state}
+    cut = [n in opdef.sequence_inputs for n in names]
+    for a, c in zip(args, cut):
         if isinstance(a, PerSequence):
             if len(a) != len(rows):
                 raise ValueError(f"a state of {len(a)} sequences in a batch of {len(rows)}")
-        elif isinstance(a, np.ndarray) and a.ndim >= -axis and a.shape[axis] != sum(rows):
+        elif c and a.shape[axis] != sum(rows):
             raise ValueError(f"{a.shape[axis]} rows along axis {axis}, but the batch has "
                              f"{sum(rows)} ({rows})")
     outs, start = [], 0
     for k, n in enumerate(rows):
-        cut = []
-        for a in args:
+        each = []
+        for a, c in zip(args, cut):
             if isinstance(a, PerSequence):
-                cut.append(a[k])
-            elif isinstance(a, np.ndarray) and a.ndim >= -axis:
+                each.append(a[k])
+            elif c:
                 index = [builtins.slice(None)] * a.ndim
                 index[axis] = builtins.slice(start, start + n)
-                cut.append(a[tuple(index)])
+                each.append(a[tuple(index)])
             else:
-                cut.append(a)
-        outs.append(fn(cut, attrs))
+                each.append(a)                      # shared: a weight
+        outs.append(fn(each, attrs))
         start += n
     return [PerSequence(o[j] for o in outs) if j in state_out
             else np.concatenate([o[j] for o in outs], axis=axis) for j in range(len(outs[0]))]

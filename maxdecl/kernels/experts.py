@@ -16,6 +16,7 @@ from .. import codecs
 from ..dtypes import format_shape
 from ..tensors import QuantizedTensor
 from . import qmatmul as kq
+from .linalg import rows_matmul
 from ._dispatch import njit_twins, pick
 from .config import CACHE
 
@@ -90,7 +91,7 @@ def _group_by_expert(ids, n_expert, order, starts):
 def _expert_product(xin, w, e, enc):
     """``xin @ w[e].T``: xin (M, K) f32, one expert's slice of a packed or float w."""
     if not isinstance(w, QuantizedTensor):
-        return np.matmul(xin, w[e].T)
+        return rows_matmul(xin, w[e].T)
     _, n, k = w.shape
     data = w.data[e]
     if kq.has_kernel(w.encoding, int(enc.block_elements), int(enc.block_bytes)):

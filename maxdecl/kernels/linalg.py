@@ -9,6 +9,7 @@ from .. import codecs
 from ..dtypes import format_shape
 from ..tensors import QuantizedTensor
 from . import qmatmul as kq
+from .config import GEMV_MAX_ROWS
 
 _KERNELS_FOR: dict = {}   # encoding object -> whether the packed-block kernels apply
 
@@ -46,12 +47,26 @@ def qmatmul(x, qt):
     return out.reshape(*lead, n)
 
 
+def rows_matmul(x, wt):
+    """``x @ wt`` for float x (..., K) and wt (K, N), each of up to GEMV_MAX_ROWS rows as
+    its own vector-matrix product: a row's result does not depend on its batch-mates
+    (BLAS picks other kernels for other row counts), so batched decode stays exact."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] > GEMV_MAX_ROWS:
+        return np.matmul(x, wt)
+    out = np.empty((x2.shape[0], wt.shape[1]), np.result_type(x2, wt))
+    for i in range(x2.shape[0]):
+        np.matmul(x2[i], wt, out=out[i])
+    return out.reshape(*lead, wt.shape[1])
+
+
 def _linear(args, attrs):
     x, w, *bias = args
     if isinstance(w, QuantizedTensor):
         y = qmatmul(x, w)
     else:
-        y = np.matmul(x, np.ascontiguousarray(w.T))
+        y = rows_matmul(x, np.ascontiguousarray(w.T))
     if bias:
         y = y + bias[0]
     return [np.asarray(y)]

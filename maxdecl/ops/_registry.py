@@ -52,12 +52,14 @@ class OpDef:
     rule_doc: str = ""                     # the type rule in words, for the op reference
     dim_attrs: tuple = ()                  # attributes that hold dims (a reshape's shape)
     outputs_doc: str = ""                  # in words, when ``outputs`` is a function
-    # Ops that mix positions along the sequence axis (attention) run once per sequence
-    # when several sequences are batched: their row inputs are cut along
-    # ``sequence_axis`` and each sequence brings its own ``state`` input (input name ->
-    # the output index of the updated state). Every other op is row-wise.
+    # Ops that mix positions along the sequence axis (attention, a causal conv, a scan)
+    # run once per sequence when several sequences are batched: the ``sequence_inputs``
+    # are cut along ``sequence_axis``, each sequence brings its own ``state`` input
+    # (input name -> the output index of the updated state), other inputs (weights)
+    # are shared. Every other op is row-wise.
     sequence_axis: int | None = None
     state: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    sequence_inputs: tuple = ()
     # md.ops.<name>(): the required inputs, then these names (optional inputs and
     # attributes) in this order; default: the optional inputs, then the attributes
     call_order: tuple = ()
@@ -95,14 +97,16 @@ _RUNNERS: dict[str, Callable] = {}
 
 def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,
            outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=(),
-           outputs_doc="", sequence_axis=None, state=None, call_order=()) -> OpDef:
+           outputs_doc="", sequence_axis=None, state=None, call_order=(),
+           sequence_inputs=()) -> OpDef:
     """Define and register op ``name``; a name is defined once."""
     if name in REGISTRY:
         raise GraphError(f"op {name!r} is already registered")
     opdef = OpDef(name, rule, run, tuple(inputs), tuple(optional), variadic,
                   MappingProxyType(dict(attrs or {})), outputs, doc, normalize, kind, rule_doc,
                   tuple(dim_attrs), outputs_doc, sequence_axis,
-                  MappingProxyType(dict(state or {})), tuple(call_order))
+                  MappingProxyType(dict(state or {})), tuple(sequence_inputs),
+                  tuple(call_order))
     REGISTRY[name] = opdef
     return opdef
 

@@ -61,6 +61,7 @@ def _conv_rule(types, attrs):
 define("causal_conv1d", rule=_conv_rule, run="ssm", inputs=("x", "weight"),
        optional=("bias", "state"), kind="conv",
        outputs=lambda n, attrs: 2 if n >= 4 else 1,
+       sequence_axis=-2, sequence_inputs=("x",), state={"state": 1},
        outputs_doc="y; with `state` also the new state",
        doc="depthwise causal convolution over seq: y[t, c] = bias[c] + sum_j weight[c, j] * "
            "x[t - K + 1 + j, c], earlier rows from state (zeros without it)",
@@ -118,6 +119,7 @@ def _scan_rule(types, attrs):
 define("selective_scan", rule=_scan_rule, run="ssm", inputs=("x", "dt", "A", "B", "C", "D"),
        optional=("state",), attrs={"dt_softplus": False}, kind="ssm",
        outputs=lambda n, attrs: 2 if n >= 7 else 1,
+       sequence_axis=-2, sequence_inputs=("x", "dt", "B", "C"), state={"state": 1},
        outputs_doc="y; with `state` also the new state",
        normalize=lambda attrs: {"dt_softplus": bool(attrs["dt_softplus"])},
        doc="Mamba-1 selective scan: h = exp(dt * A) * h + dt * B_t * x_t, y_t = C_t . h + "

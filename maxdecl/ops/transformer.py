@@ -172,7 +172,7 @@ define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "
               "softcap": None},
        outputs=lambda n, attrs: 2 if n >= 4 else 1, normalize=_normalize_attention,
        outputs_doc="out; with `kv_cache` also the new cache",
-       sequence_axis=-3, state={"kv_cache": 1},
+       sequence_axis=-3, sequence_inputs=("q", "k", "v"), state={"kv_cache": 1},
        kind="transformer",
        doc="grouped-query attention on [..., seq, heads, head_dim]; with kv_cache also "
            "returns the new cache",
