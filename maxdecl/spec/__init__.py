@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import SpecError
-from . import semantic
-from .marks import load_yaml
+from . import budgets, semantic
+from .marks import decode, load_yaml
 from .model import Program, Spec
 
 __all__ = ["SpecProblem", "Spec", "Program", "load_spec", "validate_spec", "validate_text",
@@ -52,6 +52,11 @@ def _covered(ptr: str, bad: list[str]) -> bool:
 
 def parse_text(text: str, file: str = "<string>") -> tuple[Spec | None, list[SpecProblem]]:
     """Check spec ``text``; returns ``(spec or None, problems sorted by position)``."""
+    with budgets.metered():
+        return _parse_text(text, file)
+
+
+def _parse_text(text: str, file: str):
     from .schema import check as schema_check
 
     data, marks, problems = load_yaml(text)
@@ -93,7 +98,10 @@ def validate_spec(path) -> list[SpecProblem]:
         for p in md.validate_spec("specs/llama3.yaml"):
             print(p)          # specs/llama3.yaml:41:7: unknown op 'rms_nrom'; did you mean ...
     """
-    return validate_text(_read(path), str(path))
+    text, problem = _read(path)
+    if problem is not None:
+        return [SpecProblem(str(path), problem.line, problem.col, "", problem.message)]
+    return validate_text(text, str(path))
 
 
 def load_spec(path, variant: str | None = None) -> Spec:
@@ -109,7 +117,10 @@ def load_spec(path, variant: str | None = None) -> Spec:
     if isinstance(path, Spec):
         return path if variant in (None, path.variant) and path.params else \
             semantic.select_variant(path, variant or path.variant)
-    spec, problems = parse_text(_read(path), str(path))
+    text, problem = _read(path)
+    if problem is not None:
+        raise SpecError(f"{path}:{problem.line}:{problem.col}: {problem.message}")
+    spec, problems = parse_text(text, str(path))
     if problems:
         more = len(problems) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
@@ -117,8 +128,11 @@ def load_spec(path, variant: str | None = None) -> Spec:
     return semantic.select_variant(spec, variant or spec.default_variant)
 
 
-def _read(path) -> str:
-    return Path(path).read_text(encoding="utf-8")
+def _read(path):
+    """``(text, None)`` or ``(None, problem)``: too large, or not UTF-8 (positioned)."""
+    with open(Path(path), "rb") as f:
+        data = f.read(budgets.MAX_SPEC_BYTES + 1)
+    return decode(data)
 
 
 def format_problems(problems, fmt: str = "text") -> str:

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from ..errors import SpecError
 from ..signatures import BUILTIN_ENCODINGS, REQUIRED, SIGNATURES, OpSig
+from . import budgets
 from .expr import ExprError, evaluate, is_template, render, split_template
 from .marks import RawProblem, nearest_mark, pointer_escape
 from .model import (BlockDecl, IODecl, LayerDecl, PConst, PInput, PLayer, POp, Pos, Program,
@@ -111,6 +112,7 @@ class Expander:
         self.block_rule = check_encodings
         self.variant = variant
         self.env, self.problems = variant_env(spec, variant, overrides)
+        self.meter = budgets.meter()
         self.encodings = known_encodings()
         self.steps: list = []
         self.layers: list[PLayer] = []
@@ -301,7 +303,8 @@ class Expander:
                                    "anonymous; its weights are named after the layer path)")
             return
         if decl.repeat is None:
-            self.instance(decl, path, env, ns, wscope, blocks)
+            if not self.unroll(decl.pos):
+                self.instance(decl, path, env, ns, wscope, blocks)
             return
         rpos = self.at(f"{decl.pos.ptr}/repeat")
         raw = decl.repeat
@@ -322,8 +325,20 @@ class Expander:
             else:
                 self.problem(rpos, f"repeat must be a positive integer, got {n!r}")
             return
+        if budgets.check_repeat(n):
+            self.problem(rpos, budgets.check_repeat(n))
+            return
         for k in range(n):
+            if self.unroll(decl.pos):
+                return
             self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
+
+    def unroll(self, pos: Pos) -> bool:
+        """Count one layer instance; True (reported once) past budgets.MAX_UNROLLED."""
+        msg = self.meter.unroll()
+        if msg:
+            self.problem(pos, msg)
+        return msg is not None
 
     def instance(self, decl: LayerDecl, path, env, ns, wscope, blocks):
         if decl.name is not None:
