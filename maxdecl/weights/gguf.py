@@ -29,6 +29,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import MaxdeclError, QuantizationError, WeightsError
 from ..tensors import QuantizedTensor, TensorDict
+from ._checks import check_shape
 
 __all__ = ["load_gguf", "read_gguf_metadata", "GGUF_MAGIC"]
 
@@ -37,6 +38,7 @@ _VERSIONS = (2, 3)
 _MAX_DIMS = 4            # GGML_MAX_DIMS
 _MAX_NESTING = 8         # arrays of arrays deeper than this are refused
 _DEFAULT_ALIGNMENT = 32
+_MAX_ITEMS = 1 << 22      # strings or arrays in one metadata array (vocabularies: ~262k)
 
 # Scalar value types: struct code (little-endian).
 _SCALARS = {
@@ -121,6 +123,9 @@ class _Cursor:
             return arr
         # strings (>= 8 bytes each) or nested arrays (>= 12 bytes each)
         self.need(count * 8, f"{what} ({count} items)")
+        if count > _MAX_ITEMS:
+            self.fail(f"corrupted GGUF: {what} holds {count:,} strings or arrays, over the "
+                      f"limit of {_MAX_ITEMS:,}")
         if itype == GGUFValueType.STRING:
             return self._strings(count, what)
         return [self.value(itype, what, depth + 1) for _ in range(count)]
@@ -266,7 +271,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
     if offset % header.alignment:
         raise WeightsError(f"{where}: offset {offset} is not a multiple of the alignment "
                            f"{header.alignment}: corrupted file")
-    shape = tuple(int(d) for d in reversed(ne))
+    shape = check_shape(where, tuple(int(d) for d in reversed(ne)))
     n_elements = 1
     for d in ne:
         n_elements *= d

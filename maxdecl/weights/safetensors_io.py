@@ -29,6 +29,7 @@ import struct
 import numpy as np
 
 from ..errors import WeightsError
+from ._checks import check_shape, load_json
 
 # safetensors dtype name -> numpy dtype (little-endian). BF16 has no numpy dtype:
 # its bytes are read as uint16 and wrapped as a "bf16" QuantizedTensor by callers.
@@ -89,11 +90,7 @@ def read(path) -> tuple[dict[str, np.ndarray], dict[str, Entry], dict[str, str]]
             f"{size - 8} bytes follow")
     if n > MAX_HEADER:
         raise WeightsError(f"{path}: safetensors header of {n} bytes is too large")
-    raw = mm[8:8 + n]
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WeightsError(f"{path}: corrupted safetensors header (not valid JSON: {e})") from None
+    header = load_json(f"{path}: corrupted safetensors header", mm[8:8 + n])
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: corrupted safetensors header: a JSON object expected, "
                            f"got {type(header).__name__}")
@@ -146,9 +143,9 @@ def _entry(path: str, name: str, info, data_len: int) -> Entry:
     if dtype not in DTYPES:
         raise WeightsError(f"{where}: unsupported dtype {dtype!r} "
                            f"(supported: {', '.join(DTYPES)})")
-    if (not isinstance(shape, list)
-            or not all(type(d) is int and 0 <= d < 1 << 62 for d in shape)):
+    if not isinstance(shape, list):
         raise WeightsError(f"{where}: corrupted shape {shape!r}")
+    check_shape(where, shape, DTYPES[dtype].itemsize)
     if (not isinstance(offs, list) or len(offs) != 2
             or not all(type(o) is int for o in offs) or not 0 <= offs[0] <= offs[1]):
         raise WeightsError(f"{where}: corrupted data_offsets {offs!r}")
