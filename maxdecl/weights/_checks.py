@@ -39,8 +39,8 @@ def load_json(where: str, raw: bytes):
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:
-        raise WeightsError(f"{where}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset "
-                           f"{e.start})") from None
+        raise WeightsError(f"{where}: not valid JSON: not UTF-8 (byte 0x{raw[e.start]:02x} "
+                           f"at offset {e.start})") from None
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates)
     except _Duplicate as e:

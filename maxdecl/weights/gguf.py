@@ -271,7 +271,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
     if offset % header.alignment:
         raise WeightsError(f"{where}: offset {offset} is not a multiple of the alignment "
                            f"{header.alignment}: corrupted file")
-    shape = check_shape(where, tuple(int(d) for d in reversed(ne)))
+    shape = tuple(int(d) for d in reversed(ne))
     n_elements = 1
     for d in ne:
         n_elements *= d
@@ -281,6 +281,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
         dt = _ARRAY_TYPES[gtype]
         nbytes = n_elements * dt.itemsize
         _check_range(where, start, nbytes, size)
+        check_shape(where, shape, dt.itemsize)      # a zero dim may hide a huge one
         return np.frombuffer(buf, dt, n_elements, start).reshape(shape)
 
     enc = _encoding(where, gtype)
@@ -291,6 +292,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
     row_bytes = ne[0] // block_elements * block_bytes
     nbytes = n_elements // block_elements * block_bytes
     _check_range(where, start, nbytes, size)
+    check_shape(where, shape)
     data = np.frombuffer(buf, np.uint8, nbytes, start).reshape(*shape[:-1], row_bytes)
     try:
         return QuantizedTensor(data, shape, enc)

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import secrets
 import struct
+import time
 
 import numpy as np
 
@@ -203,7 +205,8 @@ def write(path, tensors: list[tuple[str, str, tuple, np.ndarray]], metadata: dic
     hbytes += b" " * (-(8 + len(hbytes)) % DATA_ALIGN)
 
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    remove_stale_temporaries(path)
+    tmp = os.path.join(directory, temporary_name(path))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
@@ -228,6 +231,64 @@ def write(path, tensors: list[tuple[str, str, tuple, np.ndarray]], metadata: dic
             raise WeightsError(f"{path}: cannot write: {e.strerror or e}") from None
         raise
     _fsync_dir(directory)
+
+
+STALE_AFTER = 60.0       # seconds without a write after which a temporary is abandoned
+
+
+def temporary_name(path) -> str:
+    """``.NAME.<pid>.<12 hex>.tmp``: the temporary a save of ``path`` writes first."""
+    return f".{os.path.basename(os.fspath(path))}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+
+
+def _temporary_pattern(base: str):
+    # also the names of earlier versions, without the pid: .NAME.<12 hex>.tmp
+    return re.compile(rf"\.{re.escape(base)}\.(?:(\d+)\.)?[0-9a-f]{{12}}\.tmp")
+
+
+def remove_stale_temporaries(path) -> list[str]:
+    """Remove temporaries that killed saves of ``path`` left behind; returns their names.
+
+    Only files named exactly like :func:`temporary_name` for this target are
+    considered, and only abandoned ones: written by a process that no longer runs, or
+    not modified for STALE_AFTER seconds. Best effort: errors are ignored.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    match = _temporary_pattern(os.path.basename(path)).fullmatch
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = match(name)
+        if m is None:
+            continue
+        full = os.path.join(directory, name)
+        try:
+            st = os.lstat(full)
+            pid = int(m.group(1)) if m.group(1) else None
+            if pid != os.getpid() and (not _alive(pid) or now - st.st_mtime > STALE_AFTER):
+                os.unlink(full)
+                removed.append(name)
+        except (OSError, ValueError, OverflowError):
+            continue
+    return removed
+
+
+def _alive(pid: int | None) -> bool:
+    """False only when ``pid`` surely names no running process."""
+    if pid is None or pid <= 0:
+        return pid is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True
+    return True
 
 
 def _fsync_dir(directory: str) -> None:
