@@ -79,8 +79,19 @@ def _parse_text(text: str, file: str):
         key = (p.line, p.col, p.message)
         if key not in seen:
             seen.add(key)
-            out.append(SpecProblem(file, p.line, p.col, p.path, p.message))
+            out.append(SpecProblem(file, p.line, p.col, _clip(p.path), _clip(p.message)))
     return spec, out
+
+
+_MAX_MESSAGE = 400   # characters of a problem's message: values quoted in it are cut
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split()) if "\n" in text or "\r" in text else text
+    if len(text) <= _MAX_MESSAGE:
+        return text
+    return f"{text[:_MAX_MESSAGE - 100]} ... ({len(text) - _MAX_MESSAGE + 40:,} characters " \
+           f"cut) ... {text[-60:]}"
 
 
 def validate_text(text: str, file: str = "<string>") -> list[SpecProblem]:

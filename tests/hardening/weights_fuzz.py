@@ -137,7 +137,23 @@ def llama2c_bytes(rng: random.Random) -> bytes:
         if version == 2:
             head += struct.pack("<i", rng.choice([8, 16, 0, -4, 3, 2**31 - 1]))
         head += bytes(256 - len(head))
-    return head + bytes(4 * rng.choice([0, 100, 1000, 5000]))
+    size = 4 * rng.choice([0, 100, 1000, 5000])
+    if rng.random() < 0.6:                  # the size the header implies, when plausible
+        from maxdecl.weights import llama2c
+
+        h = dict(zip(llama2c._FIELDS, p))
+        h.update(version=version, shared_classifier=h["vocab_size"] > 0,
+                 vocab_size=abs(h["vocab_size"]))
+        if version == 2:
+            h["group_size"] = struct.unpack_from("<i", head, 37)[0]
+        try:
+            if llama2c._plausible(h) is None and (version != 2 or h["group_size"] > 0):
+                size = llama2c._expected_size(h) - len(head)
+        except (ZeroDivisionError, KeyError):
+            pass
+    body = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(
+        max(0, min(size, 1 << 22)) // 4 + 1).astype(np.float32).tobytes()
+    return head + body[:max(0, min(size, 1 << 22))]
 
 
 def hf_dir(path, rng: random.Random, shard: bytes | None):
