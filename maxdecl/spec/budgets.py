@@ -34,9 +34,9 @@ MAX_VALUE_DEPTH = 32            # nesting of lists in a value
 MAX_FORMAT_WIDTH = 1_000        # width and precision in '%8.3f' % x
 
 # -- a whole check --------------------------------------------------------------------
-MAX_TOTAL_SIZE = 20_000_000     # sum of the sizes of every evaluated value
+MAX_TOTAL_SIZE = 4_000_000      # sum of the sizes of every evaluated value
 MAX_REPEAT = 4_096              # one `repeat:` count
-MAX_UNROLLED = 65_536           # layer instances unrolled over all variants
+MAX_UNROLLED = 32_768           # layer instances unrolled over all variants
 
 
 class ExprError(ValueError):
@@ -52,7 +52,13 @@ class Meter:
         self.unroll_reported = False
 
     def charge(self, size: int) -> None:
+        """Add ``size``; ExprError once the total is past MAX_TOTAL_SIZE."""
         self.size += size
+        self.check()
+
+    def check(self) -> None:
+        """ExprError when the total is already past MAX_TOTAL_SIZE (then nothing more is
+        evaluated, so a check does at most MAX_TOTAL_SIZE work)."""
         if self.size > MAX_TOTAL_SIZE:
             raise ExprError(f"the expressions of this spec build more than {MAX_TOTAL_SIZE:,} "
                             "characters/elements in all (limit MAX_TOTAL_SIZE)")
@@ -88,6 +94,13 @@ def meter() -> Meter:
     return _METER.get() or Meter()
 
 
+def check_budget() -> None:
+    """ExprError when the running check has already used up MAX_TOTAL_SIZE."""
+    m = _METER.get()
+    if m is not None:
+        m.check()
+
+
 def check_repeat(n: int) -> str | None:
     """Message when a repeat count is over :data:`MAX_REPEAT`."""
     if n > MAX_REPEAT:
@@ -114,8 +127,14 @@ def size_of(v, depth: int = 0) -> int:
             raise ExprError(f"value nested more than {MAX_VALUE_DEPTH} lists deep "
                             "(MAX_VALUE_DEPTH)")
         _size_check(len(v))
+        items = v.values() if isinstance(v, dict) else v
+        types = set(map(type, items))
+        if types <= _SCALARS:                        # fast path (C speed) for flat lists
+            if int in types and type(None) not in types:
+                size_of(int(max(map(abs, items))))  # the largest integer's bits
+            return max(1, len(v))
         n = 0
-        for e in (v.values() if isinstance(v, dict) else v):
+        for e in items:
             n += size_of(e, depth + 1)
             _size_check(n)
     else:
@@ -123,6 +142,9 @@ def size_of(v, depth: int = 0) -> int:
                         "(expressions give numbers, strings, booleans, None or lists)")
     _size_check(n)
     return max(1, n)
+
+
+_SCALARS = {int, float, bool, type(None)}
 
 
 def _size_check(n: int) -> None:

@@ -187,6 +187,7 @@ def evaluate(text: str, env: dict):
             raise ExprError(f"undefined name {name!r} in {text.strip()!r}" + _hint(name, env))
     tree = parse(text)
     try:
+        budgets.check_budget()
         return budgets.check_value(_eval(tree, env, text))
     except ExprError as e:
         if text.strip() in str(e):

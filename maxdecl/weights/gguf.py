@@ -39,6 +39,7 @@ _MAX_DIMS = 4            # GGML_MAX_DIMS
 _MAX_NESTING = 8         # arrays of arrays deeper than this are refused
 _DEFAULT_ALIGNMENT = 32
 _MAX_ITEMS = 1 << 22      # strings or arrays in one metadata array (vocabularies: ~262k)
+_MAX_STRING = 1 << 24     # bytes of one string (chat templates: ~10 KB)
 
 # Scalar value types: struct code (little-endian).
 _SCALARS = {
@@ -92,6 +93,9 @@ class _Cursor:
     def string(self, what: str, strict: bool = True) -> str:
         n = self.scalar("Q", what)
         self.need(n, what)
+        if n > _MAX_STRING:
+            self.fail(f"corrupted GGUF: {what} is a string of {n:,} bytes, over the limit of "
+                      f"{_MAX_STRING:,}")
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
@@ -141,9 +145,11 @@ class _Cursor:
                 self.need(8, what)
             (n,) = unpack(buf, pos)
             pos += 8
-            if pos + n > size:
+            if pos + n > size or n > _MAX_STRING:
                 self.pos = pos
                 self.need(n, what)
+                self.fail(f"corrupted GGUF: {what} holds a string of {n:,} bytes, over the "
+                          f"limit of {_MAX_STRING:,}")
             append(buf[pos:pos + n].decode("utf-8", "surrogateescape"))
             pos += n
         self.pos = pos

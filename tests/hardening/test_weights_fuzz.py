@@ -88,3 +88,15 @@ def test_gguf_huge_metadata_array_is_bounded(tmp_path):
     path.write_bytes(blob)
     with pytest.raises(md.WeightsError, match="limit"):
         md.load_weights(path)
+
+
+def test_gguf_huge_metadata_string_is_bounded(tmp_path):
+    n = (1 << 24) + 1
+    key = b"tokenizer.chat_template"
+    blob = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    blob += struct.pack("<IQ", 8, n) + b"a" * n
+    path = tmp_path / "big.gguf"
+    path.write_bytes(blob)
+    with pytest.raises(md.WeightsError, match="limit") as e:
+        md.weights.read_gguf_metadata(path)
+    assert "tokenizer.chat_template" in str(e.value)
