@@ -113,12 +113,16 @@ def max_pool_nhwc(x, kernel, stride, dilation, padding, outs) -> np.ndarray:
     """Max pooling of an (N, H, W, C) array into (N, *outs, C), same dtype."""
     x = np.ascontiguousarray(x)
     _check_window("max_pool", x, kernel, stride, dilation, padding, outs)
-    for i in range(2):        # else some windows hold only padding, and give -inf
-        eff = (kernel[i] - 1) * dilation[i] + 1
-        if max(padding[2 * i], padding[2 * i + 1]) > eff // 2:
-            raise ValueError(f"max_pool: pad should be at most half of effective kernel size, "
-                             f"but got pad={list(padding)}, kernel_size={list(kernel)} and "
-                             f"dilation={list(dilation)}")
+    for i in range(2):        # a window of only padding would give -inf
+        taps = (np.arange(outs[i])[:, None] * stride[i] - padding[2 * i]
+                + np.arange(kernel[i])[None, :] * dilation[i])
+        hit = ((taps >= 0) & (taps < x.shape[1 + i])).any(axis=1)
+        if not hit.all():
+            raise ValueError(f"max_pool: output {'row' if i == 0 else 'column'} "
+                             f"{int(np.argmin(hit))} would pool padding only: pad={list(padding)}"
+                             f" is too large for kernel_size={list(kernel)} and dilation="
+                             f"{list(dilation)} (torch: pad should be at most half of effective "
+                             "kernel size)")
     out = np.empty((x.shape[0], *outs, x.shape[3]), x.dtype)
     lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     if out.size:

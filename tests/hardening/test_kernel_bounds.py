@@ -88,8 +88,14 @@ def test_max_pool_padding_over_half_kernel_is_an_error_as_in_torch():
     x = rnd(1, 5, 5, 2)
     with pytest.raises(RuntimeError, match="pad should be at most half"):
         torch.nn.functional.max_pool2d(torch.from_numpy(x).permute(0, 3, 1, 2), 2, 1, 2)
-    with pytest.raises(ValueError, match="pad should be at most half"):
+    with pytest.raises(ValueError, match="padding only"):
         pool.max_pool_nhwc(x, (2, 2), (1, 1), (1, 1), (2, 2, 2, 2), (8, 8))
+    with pytest.raises(ValueError, match="padding only"):     # dilation skips the image
+        pool.max_pool_nhwc(x, (2, 2), (1, 1), (9, 9), (2, 0, 0, 0), (1, 5))
+    # ONNX allows pads up to kernel - 1 (test_maxpool_2d_pads): every window still sees
+    # the image, so it is no error and no cell is -inf
+    out = pool.max_pool_nhwc(x, (3, 3), (1, 1), (1, 1), (2, 2, 2, 2), (7, 7))
+    assert np.isfinite(out).all()
     # at the limit, torch and the kernel agree and no cell is -inf
     want = torch.nn.functional.max_pool2d(torch.from_numpy(x).permute(0, 3, 1, 2), 3, 1, 1)
     got = pool.max_pool_nhwc(x, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), (5, 5))
@@ -99,7 +105,7 @@ def test_max_pool_padding_over_half_kernel_is_an_error_as_in_torch():
 
 def test_max_pool_op_refuses_large_padding():
     x = md.Graph("p", input_types=[md.TensorType(md.DType.float32, (1, 5, 5, 2))])
-    with pytest.raises(md.GraphError, match="pad"):
+    with pytest.raises(md.GraphError, match="padding only"):
         with x:
             y = md.ops.max_pool(x.inputs[0], kernel_size=2, stride=1, padding=2)
             x.output(y)
