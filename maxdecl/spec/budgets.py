@@ -8,8 +8,8 @@ the work summed over every expression and every unrolled layer of all variants.
 Example::
 
     with metered():
-        check_value([0] * 10)          # fine
-        check_int_pow(10, 10 ** 6)     # ExprError: result would have ~3.3M bits
+        check_value([0] * 10)               # fine, and charged to this check
+        check_binop("**", 10, 4096)         # ExprError: ... over the limit (MAX_INT_BITS)
 """
 
 from __future__ import annotations

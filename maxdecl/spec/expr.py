@@ -30,8 +30,9 @@ import operator
 from . import budgets
 from .budgets import ExprError
 
-__all__ = ["ExprError", "FUNCTIONS", "alibi_slopes", "evaluate", "is_template", "llama3_rope_factors",
-           "names", "parse", "render", "split_template", "template_names"]
+__all__ = ["ExprError", "FUNCTIONS", "alibi_slopes", "evaluate", "is_template",
+           "llama3_rope_factors", "names", "parse", "render", "split_template",
+           "template_names"]
 
 
 def alibi_slopes(n_heads, max_bias=8.0) -> list:
