@@ -142,7 +142,7 @@ def _entry(path: str, name: str, info, data_len: int) -> Entry:
     if not isinstance(info, dict):
         raise WeightsError(f"{where}: corrupted header entry (an object expected)")
     dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise WeightsError(f"{where}: unsupported dtype {dtype!r} "
                            f"(supported: {', '.join(DTYPES)})")
     if not isinstance(shape, list):

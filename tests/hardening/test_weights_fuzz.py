@@ -49,6 +49,8 @@ CASES = {
                             "nested"),
     "st_bad_utf8_name": (struct.pack("<Q", 16) + b'{"\xff": 1, "b": 2}', "UTF-8"),
     "st_lying_length": (struct.pack("<Q", 2**63) + b"{}", "header length"),
+    "st_dtype_not_a_string": (_safetensors('{"a": {"dtype": ["F32"], "shape": [1], '
+                                           '"data_offsets": [0, 4]}}', bytes(4)), "dtype"),
     "st_bad_dtype": (_safetensors('{"a": {"dtype": "F8", "shape": [1], "data_offsets": [0, 1]}}',
                                   b"\0"), "dtype"),
 }

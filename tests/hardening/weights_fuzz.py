@@ -75,13 +75,16 @@ def gguf_handmade(rng: random.Random) -> bytes:
 
 def safetensors_seed(path, rng: random.Random):
     from maxdecl import checkpoint
-    from maxdecl.tensors import TensorDict
+    from maxdecl.tensors import QuantizedTensor, TensorDict
 
     nr = np.random.default_rng(rng.randint(0, 1 << 30))
     td = TensorDict(metadata={"general.name": "fuzz", "k": [1, 2]})
     td["a"] = nr.standard_normal((3, 4)).astype(np.float32)
     td["b"] = np.arange(5, dtype=np.int64)
     td["c"] = nr.standard_normal(2).astype(np.float16)
+    td["q"] = QuantizedTensor(nr.integers(0, 255, (2, 34), dtype=np.uint8), (2, 32), "q8_0")
+    td["k"] = QuantizedTensor(nr.integers(0, 255, (1, 144), dtype=np.uint8), (1, 256), "q4_k")
+    td["h"] = QuantizedTensor(nr.integers(0, 255, (2, 8), dtype=np.uint8), (2, 4), "bf16")
     checkpoint.save(td, path)
 
 
@@ -122,6 +125,34 @@ def safetensors_handmade(rng: random.Random) -> bytes:
     raw = text.encode()
     n = len(raw) if rng.random() < 0.8 else rng.choice(HUGE)
     return struct.pack("<Q", n) + raw + bytes(rng.choice([0, 8, 16, 64]))
+
+
+HOSTILE_JSON = [0, -1, 1, 2**31, 2**63, 2**64, 2**70, -2**63, 1.5, "x", "", None, True, [],
+                {}, [0], [2**62, 0], [0, 2**63], [1, 2, 3, 4, 5, 6, 7, 8, 9], [[1]], ["F32"]]
+
+
+def safetensors_edit(seed: bytes, rng: random.Random) -> bytes:
+    """The seed checkpoint with one header field (or encoding record) replaced."""
+    n = struct.unpack_from("<Q", seed)[0]
+    header = json.loads(seed[8:8 + n])
+    data = seed[8 + n:]
+    names = [k for k in header if k != "__metadata__"]
+    meta = header["__metadata__"]
+    if rng.random() < 0.35:
+        enc = json.loads(meta["maxdecl.encodings"])
+        rec = enc[rng.choice(sorted(enc))]
+        field = rng.choice(["encoding", "shape", "extra"])
+        rec[field] = rng.choice(HOSTILE_JSON + ["q4_0", "q6_k", "nope", [2, 64], [4, 16]])
+        meta["maxdecl.encodings"] = json.dumps(enc)
+    elif rng.random() < 0.2:
+        meta[rng.choice(["maxdecl.version", "maxdecl.metadata", "x"])] = rng.choice(
+            ["2", "0", "1x", "{", "[]", '{"a": ' * 100 + "1" + "}" * 100, "\ud800"])
+    else:
+        ent = header[rng.choice(names)]
+        field = rng.choice(["dtype", "shape", "data_offsets"])
+        ent[field] = rng.choice(HOSTILE_JSON + ["U8", "BF16", "F64", "BOOL"])
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
 
 
 def llama2c_bytes(rng: random.Random) -> bytes:
@@ -215,7 +246,7 @@ def cases(n: int, seed: int, workdir: str):
     safetensors_seed(p, rng)
     seeds["st"] = open(p, "rb").read()
     for i in range(n):
-        kind = ["gguf", "gguf", "gguf_hand", "st", "st_hand", "llama2c", "hf"][i % 7]
+        kind = ["gguf", "gguf", "gguf_hand", "st", "st_hand", "st_edit", "llama2c", "hf"][i % 8]
         if kind == "gguf":
             data = mutate(seeds["gguf"], rng, 600)
         elif kind == "gguf_hand":
@@ -224,6 +255,8 @@ def cases(n: int, seed: int, workdir: str):
             data = mutate(seeds["st"], rng, 8 + struct.unpack_from("<Q", seeds["st"])[0])
         elif kind == "st_hand":
             data = safetensors_handmade(rng)
+        elif kind == "st_edit":
+            data = safetensors_edit(seeds["st"], rng)
         elif kind == "llama2c":
             data = llama2c_bytes(rng)
             if rng.random() < 0.5:
