@@ -199,7 +199,8 @@ def _parse(path: str, buf, size: int, tensors: bool = True) -> _Header:
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
     if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
             or alignment & (alignment - 1)):
-        c.fail(f"corrupted GGUF: general.alignment {alignment!r} is not a power of two")
+        shown = " ".join(repr(alignment).split())
+        c.fail(f"corrupted GGUF: general.alignment {shown[:60]} is not a power of two")
     if not tensors:
         return _Header(metadata, [], None, alignment)
 

@@ -102,3 +102,14 @@ def test_gguf_huge_metadata_string_is_bounded(tmp_path):
     with pytest.raises(md.WeightsError, match="limit") as e:
         md.weights.read_gguf_metadata(path)
     assert "tokenizer.chat_template" in str(e.value)
+
+
+def test_gguf_alignment_array_is_one_line(tmp_path):
+    key = b"general.alignment"
+    blob = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    blob += struct.pack("<IIQ", 9, 4, 40) + bytes(160)
+    path = tmp_path / "a.gguf"
+    path.write_bytes(blob)
+    with pytest.raises(md.WeightsError, match="power of two") as e:
+        md.load_weights(path)
+    assert "\n" not in str(e.value)
