@@ -45,7 +45,10 @@ def save(td, path) -> None:
 
     Everything is checked before the first byte is written; the write goes to a
     temporary file in the same directory that is fsynced and renamed over
-    ``path``, so ``path`` ends up either complete or untouched.
+    ``path``, so ``path`` ends up either complete or untouched. The temporary
+    (``.NAME.<pid>.<hex>.tmp``) is removed on any failure, and a save first removes
+    those that killed saves of the same ``path`` left (writer gone or idle for
+    ``safetensors_io.STALE_AFTER`` seconds); no other file is touched.
 
     Raises:
         WeightsError: a tensor cannot be stored (unsupported dtype), metadata is
