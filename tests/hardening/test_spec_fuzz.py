@@ -11,7 +11,7 @@ import pytest
 
 from _limited import ROOT, run_limited
 
-N = int(os.environ.get("MAXDECL_FUZZ_SPECS", "1000"))
+N = int(os.environ.get("MAXDECL_FUZZ_SPECS", "2000"))
 
 
 def test_spec_mutations():
