@@ -167,3 +167,24 @@ def test_embedding_ids_out_of_range():
     for ids in ([5], [-1], [2**40]):
         with pytest.raises(md.GraphError, match="out of range"):
             g.execute(np.array(ids))
+
+
+@pytest.mark.parametrize("v_len, past", [(2, 5), (4, 5), (1, 0)])
+def test_attention_v_shorter_than_k_at_run_time(v_len, past):
+    """k and v lengths are separate symbolic dims, so the graph builds; a run where v is
+    shorter or longer than k is a GraphError at the node, never an out-of-bounds read.
+    (Head and cache mismatches are refused when the graph is built, and by the kernel
+    wrapper: test_attention_refuses.)"""
+    f32 = md.DType.float32
+    g = md.Graph("a", input_types=[md.TensorType(f32, ("s", 4, 8)),
+                                   md.TensorType(f32, ("s", 2, 8)),
+                                   md.TensorType(f32, ("t", 2, 8)),
+                                   md.TensorType(f32, (2, "p", 2, 8))])
+    with g:
+        with g.layer("blk.0.attn"):
+            out, cache = md.ops.attention(*g.inputs[:3], kv_cache=g.inputs[3])
+        g.output(out, cache)
+    ok = g.execute(rnd(3, 4, 8), rnd(3, 2, 8), rnd(3, 2, 8), rnd(2, past, 2, 8))
+    assert ok[0].shape == (3, 4, 8) and ok[1].shape == (2, past + 3, 2, 8)
+    with pytest.raises(md.GraphError, match="blk.0.attn"):
+        g.execute(rnd(3, 4, 8), rnd(3, 2, 8), rnd(v_len, 2, 8), rnd(2, past, 2, 8))
