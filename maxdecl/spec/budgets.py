@@ -20,7 +20,7 @@ import re
 
 # -- the text -------------------------------------------------------------------------
 MAX_SPEC_BYTES = 1 << 20        # a spec file; the shipped ones are ~10 KB
-MAX_YAML_NODES = 200_000        # YAML nodes after expanding aliases ("billion laughs")
+MAX_YAML_NODES = 50_000         # YAML nodes after expanding aliases ("billion laughs")
 MAX_YAML_DEPTH = 64             # nesting of mappings and lists
 
 # -- one expression -------------------------------------------------------------------

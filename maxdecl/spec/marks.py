@@ -104,6 +104,7 @@ class _Builder:
         self.marks: dict[str, tuple[int, int]] = {}
         self.problems: list[RawProblem] = []
         self.count = 0
+        self.too_big = False
         self._constructor = yaml.constructor.SafeConstructor()
 
     def problem(self, node, path, message):
@@ -113,7 +114,8 @@ class _Builder:
     def build(self, node, path="", depth=0):
         self.count += 1
         if self.count > _MAX_NODES or depth > _MAX_DEPTH:
-            if self.count == _MAX_NODES + 1 or depth == _MAX_DEPTH + 1:
+            if not self.too_big:
+                self.too_big = True
                 self.problem(node, path, f"document too large or too deeply nested: more "
                              f"than {_MAX_NODES:,} nodes (MAX_YAML_NODES) or {_MAX_DEPTH} levels "
                              "(MAX_YAML_DEPTH) once aliases are expanded")
@@ -238,6 +240,8 @@ def load_yaml(text: str):
     if node is None:
         return None, b.marks, b.problems
     data = b.build(node)
+    if b.too_big:            # the other stages would only report the cut-off parts
+        return None, b.marks, b.problems
     return data, b.marks, b.problems
 
 
