@@ -36,6 +36,7 @@ MAX_FORMAT_WIDTH = 1_000        # width and precision in '%8.3f' % x
 # -- a whole check --------------------------------------------------------------------
 MAX_TOTAL_SIZE = 4_000_000      # sum of the sizes of every evaluated value
 MAX_REPEAT = 4_096              # one `repeat:` count
+MAX_PATH_CHARS = 1_024          # a layer path plus a name under it (weight, input, output)
 MAX_UNROLLED = 32_768           # layer instances unrolled over all variants
 
 
@@ -99,6 +100,16 @@ def check_budget() -> None:
     m = _METER.get()
     if m is not None:
         m.check()
+
+
+def check_path(path: tuple, names) -> str | None:
+    """Message when layer ``path`` (its segments) joined with the longest of ``names``
+    is over :data:`MAX_PATH_CHARS` (every unrolled instance holds such strings)."""
+    n = sum(len(str(p)) + 1 for p in path) + max((len(str(x)) for x in names), default=0)
+    if n > MAX_PATH_CHARS:
+        return (f"a layer path or a name under it is {n:,} characters long, over the limit of "
+                f"{MAX_PATH_CHARS:,} (MAX_PATH_CHARS)")
+    return None
 
 
 def check_repeat(n: int) -> str | None:

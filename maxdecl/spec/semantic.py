@@ -303,7 +303,7 @@ class Expander:
                                    "anonymous; its weights are named after the layer path)")
             return
         if decl.repeat is None:
-            if not self.unroll(decl.pos):
+            if not self.unroll(decl, path):
                 self.instance(decl, path, env, ns, wscope, blocks)
             return
         rpos = self.at(f"{decl.pos.ptr}/repeat")
@@ -329,15 +329,19 @@ class Expander:
             self.problem(rpos, budgets.check_repeat(n))
             return
         for k in range(n):
-            if self.unroll(decl.pos):
+            if self.unroll(decl, path):
                 return
             self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
 
-    def unroll(self, pos: Pos) -> bool:
-        """Count one layer instance; True (reported once) past budgets.MAX_UNROLLED."""
-        msg = self.meter.unroll()
+    def unroll(self, decl: LayerDecl, path: tuple) -> bool:
+        """Count one layer instance; True (reported) past budgets.MAX_UNROLLED or when
+        its path or a name under it is past budgets.MAX_PATH_CHARS."""
+        names = [decl.name or "", *(w.local for w in decl.weights),
+                 *(r for r, _ in decl.ins if isinstance(r, str)), *(o for o, _ in decl.outs),
+                 *(i.name for i in decl.inputs), *(o for o, _ in decl.outputs)]
+        msg = self.meter.unroll() or budgets.check_path(path, names)
         if msg:
-            self.problem(pos, msg)
+            self.problem(decl.pos, msg)
         return msg is not None
 
     def instance(self, decl: LayerDecl, path, env, ns, wscope, blocks):

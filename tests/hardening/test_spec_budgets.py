@@ -145,3 +145,22 @@ def test_alias_bomb_is_bounded():
     problems = md.spec.validate_text(text)
     assert any("MAX_YAML_NODES" in p.message for p in problems)
     assert time.perf_counter() - t0 < 2.0
+
+
+@pytest.mark.parametrize("where", ["name", "weight", "in"])
+def test_long_names_are_refused_before_they_are_copied_per_instance(where):
+    long = "a" * 300_000
+    text = SMALL.replace("N", "4000")
+    if where == "name":
+        text = text.replace("      - {op: add, in: [x, x], out: x}",
+                            f"      - {{name: {long}, op: add, in: [x, x], out: x}}")
+    elif where == "weight":
+        text = text.replace("      - {op: add, in: [x, x], out: x}",
+                            f"      - {{name: w, weights: {{? {long} : [dim]}}, op: add, "
+                            f"in: [x, .{long}], out: x}}")
+    else:
+        text = text.replace("in: [x, x]", f"in: [x, {long}]")
+    t0 = time.perf_counter()
+    problems = md.spec.validate_text(text, "s.yaml")
+    assert any("MAX_PATH_CHARS" in p.message for p in problems), problems
+    assert time.perf_counter() - t0 < 2.0
