@@ -29,6 +29,7 @@ import numpy as np
 from .errors import MaxdeclError, WeightsError
 from .tensors import QuantizedTensor, TensorDict
 from .weights import safetensors_io as st
+from .weights._checks import check_shape, load_json
 
 __all__ = ["save", "load", "FORMAT_VERSION"]
 
@@ -44,7 +45,10 @@ def save(td, path, *, tokenizer=None, params=None) -> None:
 
     Everything is checked before the first byte is written; the write goes to a
     temporary file in the same directory that is fsynced and renamed over
-    ``path``, so ``path`` ends up either complete or untouched.
+    ``path``, so ``path`` ends up either complete or untouched. The temporary
+    (``.NAME.<pid>.<hex>.tmp``) is removed on any failure, and a save first removes
+    those that killed saves of the same ``path`` left (writer gone or idle for
+    ``safetensors_io.STALE_AFTER`` seconds); no other file is touched.
 
     Args:
         tokenizer: a Tokenizer or a tokenizer path (``.gguf``, ``tokenizer.bin``,
@@ -172,10 +176,8 @@ def _refuse_foreign(path: str) -> None:
 def _json_field(path: str, meta: dict, key: str) -> dict:
     if key not in meta:
         return {}
-    try:
-        value = json.loads(meta[key])
-    except ValueError as e:
-        raise WeightsError(f"{path}: corrupted checkpoint: {key} is not valid JSON ({e})") from None
+    value = load_json(f"{path}: corrupted checkpoint: {key}", meta[key].encode("utf-8",
+                                                                               "surrogatepass"))
     if not isinstance(value, dict):
         raise WeightsError(f"{path}: corrupted checkpoint: {key} must be a JSON object")
     return value
@@ -188,6 +190,7 @@ def _tensor(path: str, name: str, arr: np.ndarray, dtype: str, enc):
                 or not isinstance(enc.get("shape"), list)
                 or not all(type(d) is int and d >= 0 for d in enc["shape"])):
             raise WeightsError(f"{path}: tensor {name!r}: corrupted encoding record {enc!r}")
+        check_shape(f"{path}: tensor {name!r}: encoding record", enc["shape"])
         if dtype != "U8":
             raise WeightsError(f"{path}: tensor {name!r}: quantized tensors are stored as U8, "
                                f"found {dtype}")

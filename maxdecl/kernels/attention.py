@@ -173,8 +173,28 @@ _FEW_ROWS = 16  # up to this many query rows take the in-place path: each row co
                 # (up to 16 rows) gets exactly the numbers of plain decoding
 
 
+def _check_shapes(q, k, v, slopes) -> None:
+    """ValueError unless the kernels can index q, k, v and slopes without reading past them."""
+    shapes = f"q{list(np.shape(q))}, k{list(np.shape(k))}, v{list(np.shape(v))}"
+    if np.ndim(q) != 4 or np.ndim(k) != 4 or np.ndim(v) != 4:
+        raise ValueError(f"attention: q, k, v must be [batch, seq, heads, head_dim]; got {shapes}")
+    (B, _, Hq, D), (Bk, T, Hkv, Dk), (Bv, Tv, Hv, _) = q.shape, k.shape, v.shape
+    if not B == Bk == Bv:
+        raise ValueError(f"attention: batch sizes differ: {shapes}")
+    if T != Tv:
+        raise ValueError(f"attention: k and v must have the same length; got {shapes}")
+    if Hkv != Hv or D != Dk:
+        raise ValueError(f"attention: k must match v in heads and q in head_dim; got {shapes}")
+    if Hq and (Hkv == 0 or Hq % Hkv):
+        raise ValueError(f"attention: query heads {Hq} must be a multiple of key/value heads "
+                         f"{Hkv}; got {shapes}")
+    if slopes is not None and np.size(slopes) != Hq:
+        raise ValueError(f"attention: {np.size(slopes)} alibi slopes for {Hq} query heads")
+
+
 def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.ndarray:
     """q: (B, S, Hq, D), k: (B, T, Hkv, D), v: (B, T, Hkv, Dv) -> (B, S, Hq, Dv) float32."""
+    _check_shapes(q, k, v, slopes)
     if q.shape[1] <= _FEW_ROWS:
         qc = np.ascontiguousarray(q, dtype=np.float32)
         kc = np.ascontiguousarray(k, dtype=np.float32)

@@ -23,6 +23,8 @@ import math
 
 import numba
 import numpy as np
+
+from ..blocks import GGML_BLOCKS
 from .codec_common import bits_f32
 from .config import CACHE
 
@@ -221,6 +223,9 @@ def _dec_bf16(w, dst):
 
 
 KINDS = {"q4_0": 0, "q5_0": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "bf16": 5}
+# (block_elements, block_bytes) of each kind: GGML's sizes (maxdecl.blocks, the one
+# table), which has_kernel checks
+LAYOUTS = {k: GGML_BLOCKS[k] for k in KINDS}
 
 
 @numba.njit(cache=CACHE)
@@ -255,6 +260,8 @@ def dequantize_blocks(encoding: str, blocks: np.ndarray, out: np.ndarray) -> Non
     if nb == 0:
         return
     be = out.size // nb
+    if out.size != nb * be or not out.flags.c_contiguous:
+        raise ValueError(f"dequantize_blocks: {nb} blocks cannot fill {out.size} values")
     per = math.gcd(nb, max(1, 4096 // be))      # blocks per task; 4096 // be is a power of 2
     tasks = nb // per
     _deq_tile(KINDS[encoding], blocks.reshape(tasks, per * bb), 0, tasks,
@@ -263,6 +270,10 @@ def dequantize_blocks(encoding: str, blocks: np.ndarray, out: np.ndarray) -> Non
 
 def dequantize_rows(w: np.ndarray, encoding: str, k: int, r0: int, r1: int) -> np.ndarray:
     """Rows [r0, r1) of ``w`` decoded exactly to float32 (r1 - r0, k)."""
+    be, bb = LAYOUTS[encoding]
+    if not 0 <= r0 <= r1 <= w.shape[0] or k % be or w.ndim != 2 or w.shape[1] != k // be * bb:
+        raise ValueError(f"dequantize_rows: rows [{r0}, {r1}) of K={k} {encoding} need "
+                         f"w[>={r1}, {k // be * bb}], got {list(w.shape)}")
     out = np.empty((r1 - r0, k), np.float32)
     _deq_tile(KINDS[encoding], w, r0, r1, out)
     return out

@@ -88,8 +88,21 @@ def conv3d_ndhwc(x, w, stride, dilation, padding, groups, outs, bias=None) -> np
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
+    if x.ndim != 5 or w.ndim != 5:
+        raise ValueError(f"conv: x must be (N, D, H, W, C) and w (KD, KH, KW, C/groups, F); "
+                         f"got {x.shape} and {w.shape}")
     N, D, H, W, C = x.shape
     KD, KH, KW, Cg, F = w.shape
+    if groups < 1 or C != Cg * groups or F % groups:
+        raise ValueError(f"conv: x has {C} channels and w{list(w.shape)} takes {Cg} per group "
+                         f"and gives {F}; with groups={groups} need C == {Cg} * groups and F "
+                         "divisible by groups")
+    if (len(stride) != 3 or len(dilation) != 3 or len(padding) != 6 or len(outs) != 3
+            or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or min(outs) < 0):
+        raise ValueError(f"conv: bad stride {stride}, dilation {dilation}, padding {padding} "
+                         f"or outs {outs}")
+    if bias is not None and np.size(bias) != F:
+        raise ValueError(f"conv: bias has {np.size(bias)} values for {F} filters")
     ks = np.array((KD, KH, KW), np.int64)
     st = np.array(stride, np.int64)
     dl = np.array(dilation, np.int64)

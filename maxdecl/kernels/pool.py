@@ -84,9 +84,24 @@ def _arr(v):
     return np.array(v, np.int64)
 
 
+def _check_window(op, x, kernel, stride, dilation, padding, outs) -> None:
+    """ValueError unless x is (N, H, W, C) and every window parameter is well formed."""
+    if x.ndim != 4:
+        raise ValueError(f"{op}: x must be (N, H, W, C), got shape {x.shape}")
+    if (len(kernel) != 2 or len(stride) != 2 or len(dilation) != 2 or len(padding) != 4
+            or len(outs) != 2):
+        raise ValueError(f"{op}: kernel, stride, dilation, outs need 2 values and padding 4; "
+                         f"got {kernel}, {stride}, {dilation}, {outs}, {padding}")
+    if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 \
+            or min(outs) < 0:
+        raise ValueError(f"{op}: kernel {kernel}, stride {stride} and dilation {dilation} must "
+                         f"be >= 1, padding {padding} and outs {outs} >= 0")
+
+
 def avg_pool_nhwc(x, kernel, stride, dilation, padding, count_boundary, outs) -> np.ndarray:
     """Average pooling of an (N, H, W, C) array into (N, *outs, C) float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
+    _check_window("avg_pool", x, kernel, stride, dilation, padding, outs)
     out = np.empty((x.shape[0], *outs, x.shape[3]), np.float32)
     if out.size:
         _avg_pool(x, out, _arr(kernel), _arr(stride), _arr(dilation), _arr(padding),
@@ -97,6 +112,17 @@ def avg_pool_nhwc(x, kernel, stride, dilation, padding, count_boundary, outs) ->
 def max_pool_nhwc(x, kernel, stride, dilation, padding, outs) -> np.ndarray:
     """Max pooling of an (N, H, W, C) array into (N, *outs, C), same dtype."""
     x = np.ascontiguousarray(x)
+    _check_window("max_pool", x, kernel, stride, dilation, padding, outs)
+    for i in range(2):        # a window of only padding would give -inf
+        taps = (np.arange(outs[i])[:, None] * stride[i] - padding[2 * i]
+                + np.arange(kernel[i])[None, :] * dilation[i])
+        hit = ((taps >= 0) & (taps < x.shape[1 + i])).any(axis=1)
+        if not hit.all():
+            raise ValueError(f"max_pool: output {'row' if i == 0 else 'column'} "
+                             f"{int(np.argmin(hit))} would pool padding only: pad={list(padding)}"
+                             f" is too large for kernel_size={list(kernel)} and dilation="
+                             f"{list(dilation)} (torch: pad should be at most half of effective "
+                             "kernel size)")
     out = np.empty((x.shape[0], *outs, x.shape[3]), x.dtype)
     lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
     if out.size:

@@ -32,8 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..blocks import GGML_BLOCKS
-from .block_rows import KINDS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
+from .block_rows import KINDS, LAYOUTS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
 from .config import CACHE, FASTMATH, GEMV_MAX_ROWS
 from .gemv import (_FM, _IR_I64, _V8F, _gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0,
                    _gemv_q6_k, _gemv_q8_0, _gemvm_bf16, _gemvm_q4_0, _gemvm_q4_k, _gemvm_q6_k,
@@ -160,7 +159,6 @@ _GEMV_ROWS = {"q4_0": _gemvm_q4_0, "q4_k": _gemvm_q4_k, "q6_k": _gemvm_q6_k,
               "bf16": _gemvm_bf16, **GEMV_ROWS}
 
 # (block_elements, block_bytes) each kernel assumes, as GGML defines them
-LAYOUTS = GGML_BLOCKS   # name -> (block_elements, block_bytes), defined once
 
 
 def has_kernel(encoding: str, block_elements: int, block_bytes: int) -> bool:
@@ -196,6 +194,16 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
 
     x2: (M, K) f32 contiguous, w: (N, K // be * bb) u8 contiguous -> (M, N) f32.
     """
+    if encoding not in LAYOUTS:
+        raise ValueError(f"qmatmul: no kernel for encoding {encoding!r}")
+    be, bb = LAYOUTS[encoding]
+    if x2.ndim != 2 or w.ndim != 2 or w.dtype != np.uint8:
+        raise ValueError(f"qmatmul: x must be [M, K] and w [N, bytes] uint8, got "
+                         f"{list(x2.shape)} and {list(w.shape)} {w.dtype}")
+    k = x2.shape[1]
+    if k % be or w.shape[1] != k // be * bb:
+        raise ValueError(f"qmatmul: {encoding} rows of K={k} take {k // be * bb} bytes "
+                         f"({k / be:g} blocks of {bb}), but w has {w.shape[1]} bytes per row")
     n = w.shape[0]
     if x2.shape[0] == 1:                            # decode: keep this path lean
         out = np.empty((1, n), np.float32)

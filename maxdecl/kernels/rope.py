@@ -70,10 +70,23 @@ def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray
     (factors default to 1), computed in float64 and rounded to float32 cos/sin.
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim < 3:
+        raise ValueError(f"rope: x must be [..., seq, heads, head_dim], got shape {x.shape}")
     S, H, Dh = x.shape[-3:]
     pos = np.ascontiguousarray(positions, dtype=np.int64)
-    factors = (None if freq_factors is None
-               else np.ascontiguousarray(freq_factors, dtype=np.float32).reshape(-1).tobytes())
+    if pos.shape != (S,):
+        raise ValueError(f"rope: positions{list(pos.shape)} must be [{S}], one per position "
+                         f"of x{list(x.shape)}")
+    dim = int(dim)
+    if not 0 <= dim <= Dh:
+        raise ValueError(f"rope: rotated dims {dim} must be in [0, head_dim {Dh}]")
+    factors = None
+    if freq_factors is not None:
+        f = np.ascontiguousarray(freq_factors, dtype=np.float32).reshape(-1)
+        if f.size != dim // 2:
+            raise ValueError(f"rope: freq_factors has {f.size} values, expected {dim // 2} "
+                             "(one per rotated pair)")
+        factors = f.tobytes()
     cos, sin = _cos_sin(float(theta), float(scale), int(dim), pos.tobytes(), factors)
     x4 = x.reshape(-1, S, H, Dh)
     out = np.empty_like(x4)

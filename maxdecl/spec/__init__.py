@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import SpecError
-from . import semantic
-from .marks import load_yaml
+from . import budgets, semantic
+from .marks import decode, load_yaml
 from .model import Program, Spec
 from .parse import parse
 
@@ -53,6 +53,11 @@ def _covered(ptr: str, bad: list[str]) -> bool:
 
 def parse_text(text: str, file: str = "<string>") -> tuple[Spec | None, list[SpecProblem]]:
     """Check spec ``text``; returns ``(spec or None, problems sorted by position)``."""
+    with budgets.metered():
+        return _parse_text(text, file)
+
+
+def _parse_text(text: str, file: str):
     from .schema import check as schema_check
 
     data, marks, problems = load_yaml(text)
@@ -75,8 +80,19 @@ def parse_text(text: str, file: str = "<string>") -> tuple[Spec | None, list[Spe
         key = (p.line, p.col, p.message)
         if key not in seen:
             seen.add(key)
-            out.append(SpecProblem(file, p.line, p.col, p.path, p.message))
+            out.append(SpecProblem(file, p.line, p.col, _clip(p.path), _clip(p.message)))
     return spec, out
+
+
+_MAX_MESSAGE = 400   # characters of a problem's message: values quoted in it are cut
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split()) if "\n" in text or "\r" in text else text
+    if len(text) <= _MAX_MESSAGE:
+        return text
+    return f"{text[:_MAX_MESSAGE - 100]} ... ({len(text) - _MAX_MESSAGE + 40:,} characters " \
+           f"cut) ... {text[-60:]}"
 
 
 def validate_text(text: str, file: str = "<string>") -> list[SpecProblem]:
@@ -94,7 +110,10 @@ def validate_spec(path) -> list[SpecProblem]:
         for p in md.validate_spec("specs/llama3.yaml"):
             print(p)          # specs/llama3.yaml:41:7: unknown op 'rms_nrom'; did you mean ...
     """
-    return validate_text(_read(path), str(path))
+    text, problem = _read(path)
+    if problem is not None:
+        return [SpecProblem(str(path), problem.line, problem.col, "", problem.message)]
+    return validate_text(text, str(path))
 
 
 def load_spec(path, variant: str | None = None) -> Spec:
@@ -111,10 +130,11 @@ def load_spec(path, variant: str | None = None) -> Spec:
         return path if variant in (None, path.variant) and path.params else \
             semantic.select_variant(path, variant or path.variant)
     try:
-        text = _read(path)
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{path}: cannot read the spec: {getattr(e, 'strerror', None) or e}") \
-            from None
+        text, problem = _read(path)
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read the spec: {e.strerror or e}") from None
+    if problem is not None:
+        raise SpecError(f"{path}:{problem.line}:{problem.col}: {problem.message}")
     spec, problems = parse_text(text, str(path))
     if problems:
         more = len(problems) - 1
@@ -123,8 +143,11 @@ def load_spec(path, variant: str | None = None) -> Spec:
     return semantic.select_variant(spec, variant or spec.default_variant)
 
 
-def _read(path) -> str:
-    return Path(path).read_text(encoding="utf-8")
+def _read(path):
+    """``(text, None)`` or ``(None, problem)``: too large, or not UTF-8 (positioned)."""
+    with open(Path(path), "rb") as f:
+        data = f.read(budgets.MAX_SPEC_BYTES + 1)
+    return decode(data)
 
 
 def format_problems(problems, fmt: str = "text") -> str:

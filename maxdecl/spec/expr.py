@@ -27,9 +27,12 @@ import functools
 import math
 import operator
 
+from . import budgets
+from .budgets import ExprError
 
-class ExprError(ValueError):
-    """An expression that cannot be parsed or evaluated; the message says why."""
+__all__ = ["ExprError", "FUNCTIONS", "alibi_slopes", "evaluate", "is_template",
+           "llama3_rope_factors", "names", "parse", "render", "split_template",
+           "template_names"]
 
 
 def alibi_slopes(n_heads, max_bias=8.0) -> list:
@@ -43,6 +46,7 @@ def alibi_slopes(n_heads, max_bias=8.0) -> list:
     [0.25, 0.0625, 0.015625, 0.00390625]
     """
     n_heads = int(n_heads)
+    budgets.check_count("alibi_slopes: n_heads", n_heads)
     if n_heads <= 0:
         raise ExprError(f"alibi_slopes: n_heads must be positive, got {n_heads}")
     n = 2 ** int(math.floor(math.log2(n_heads)))
@@ -68,6 +72,7 @@ def llama3_rope_factors(head_dim, theta, factor, low_freq_factor, high_freq_fact
     """
     head_dim, theta, factor = int(head_dim), float(theta), float(factor)
     low, high, ctx = float(low_freq_factor), float(high_freq_factor), float(original_context)
+    budgets.check_count("llama3_rope_factors: head_dim", head_dim)
     if head_dim <= 0 or head_dim % 2 or theta <= 0 or factor <= 0 or ctx <= 0:
         raise ExprError(f"llama3_rope_factors: needs an even head_dim > 0 and theta, factor, "
                         f"original_context > 0; got {head_dim}, {theta}, {factor}, {ctx}")
@@ -84,8 +89,21 @@ def llama3_rope_factors(head_dim, theta, factor, low_freq_factor, high_freq_fact
     return out
 
 
+def _round(x, ndigits=None):
+    if isinstance(ndigits, int) and abs(ndigits) > budgets.MAX_EXPONENT:
+        raise ExprError(f"ndigits {ndigits} is over the limit of {budgets.MAX_EXPONENT} "
+                        "(MAX_EXPONENT)")
+    return round(x) if ndigits is None else round(x, ndigits)
+
+
+def _int(x, *base):
+    if isinstance(x, str) and len(x) > budgets.MAX_INT_BITS:
+        raise ExprError(f"int() of a {len(x):,}-character string (limit MAX_INT_BITS)")
+    return int(x, *base)
+
+
 FUNCTIONS = {
-    "min": min, "max": max, "abs": abs, "round": round, "int": int, "float": float,
+    "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor,
     "alibi_slopes": alibi_slopes, "llama3_rope_factors": llama3_rope_factors,
@@ -102,8 +120,8 @@ _CMP = {
     ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
-_MAX_POW = 4096          # keeps "2 ** 10 ** 10" from eating the machine
-_MAX_LEN = 1_000_000     # longest list/str a multiplication may build
+_SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+           ast.Mod: "%", ast.Pow: "**"}
 
 
 _ALLOWED = (
@@ -117,12 +135,18 @@ _ALLOWED = (
 def parse(text: str) -> ast.AST:
     """Parse ``text`` as one expression and check every node against the whitelist
     (also in branches that are never evaluated); ExprError otherwise."""
-    if len(text) > 2000:
-        raise ExprError(f"expression too long ({len(text)} characters)")
+    if len(text) > budgets.MAX_EXPR_CHARS:
+        raise ExprError(f"expression too long ({len(text):,} characters; the limit is "
+                        f"{budgets.MAX_EXPR_CHARS:,}, MAX_EXPR_CHARS)")
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise ExprError(f"invalid expression {text.strip()!r}: {e.msg}") from None
+    except (SyntaxError, ValueError) as e:     # ValueError: a NUL byte in the source
+        raise ExprError(f"invalid expression {text.strip()!r}: {getattr(e, 'msg', e)}") \
+            from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"expression nested too deeply (limit {budgets.MAX_EXPR_DEPTH}, "
+                        "MAX_EXPR_DEPTH)") from None
+    _check_depth(tree)
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
             raise ExprError(f"{text.strip()!r}: {type(node).__name__} is not allowed in "
@@ -133,6 +157,16 @@ def parse(text: str) -> ast.AST:
             raise ExprError(f"unknown function {fname!r} in {text.strip()!r} (allowed: "
                             f"{', '.join(sorted(FUNCTIONS))})")
     return tree
+
+
+def _check_depth(tree) -> None:
+    stack = [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > budgets.MAX_EXPR_DEPTH:
+            raise ExprError(f"expression nested more than {budgets.MAX_EXPR_DEPTH} deep "
+                            "(MAX_EXPR_DEPTH)")
+        stack.extend((c, d + 1) for c in ast.iter_child_nodes(node))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -152,7 +186,14 @@ def evaluate(text: str, env: dict):
     for name in sorted(names(text)):
         if name not in env:
             raise ExprError(f"undefined name {name!r} in {text.strip()!r}" + _hint(name, env))
-    return _eval(parse(text), env, text)
+    tree = parse(text)
+    try:
+        budgets.check_budget()
+        return budgets.check_value(_eval(tree, env, text))
+    except ExprError as e:
+        if text.strip() in str(e):
+            raise
+        raise ExprError(f"{text.strip()!r}: {e}") from None
 
 
 def _eval(node, env, text):
@@ -165,13 +206,15 @@ def _eval(node, env, text):
             return env[node.id]
         raise ExprError(f"undefined name {node.id!r} in {text.strip()!r}" + _hint(node.id, env))
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_eval(e, env, text) for e in node.elts]
+        return _sized([_eval(e, env, text) for e in node.elts])
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         a, b = _eval(node.left, env, text), _eval(node.right, env, text)
-        _guard(node.op, a, b, text)
+        budgets.check_binop(_SYMBOL[type(node.op)], a, b)
         try:
-            return _BINOPS[type(node.op)](a, b)
+            return _sized(_BINOPS[type(node.op)](a, b))
         except (ArithmeticError, TypeError, ValueError) as e:
+            if isinstance(e, ExprError):
+                raise
             raise ExprError(f"{text.strip()!r}: {e}") from None
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         v = _eval(node.operand, env, text)
@@ -218,7 +261,7 @@ def _eval(node, env, text):
             raise ExprError(f"{text.strip()!r}: keyword arguments are not supported")
         args = [_eval(a, env, text) for a in node.args]
         try:
-            return FUNCTIONS[node.func.id](*args)
+            return _sized(FUNCTIONS[node.func.id](*args))
         except ExprError:
             raise
         except (ArithmeticError, TypeError, ValueError) as e:
@@ -226,13 +269,9 @@ def _eval(node, env, text):
     raise ExprError(f"{text.strip()!r}: {type(node).__name__} is not allowed in expressions")
 
 
-def _guard(op, a, b, text):
-    if isinstance(op, ast.Pow) and isinstance(b, (int, float)) and abs(b) > _MAX_POW:
-        raise ExprError(f"{text.strip()!r}: exponent {b} is too large")
-    if isinstance(op, ast.Mult):
-        for seq, n in ((a, b), (b, a)):
-            if isinstance(seq, (list, str)) and isinstance(n, int) and len(seq) * n > _MAX_LEN:
-                raise ExprError(f"{text.strip()!r}: result is too long")
+def _sized(v):
+    budgets.size_of(v)
+    return v
 
 
 def _hint(name: str, env: dict) -> str:
@@ -303,7 +342,14 @@ def render(value, env: dict):
     parts = split_template(value)
     if len(parts) == 1 and parts[0][0]:
         return evaluate(parts[0][1], env)
-    return "".join(_to_text(evaluate(t, env)) if is_expr else t for is_expr, t in parts)
+    out, n = [], 0
+    for is_expr, t in parts:
+        out.append(_to_text(evaluate(t, env)) if is_expr else t)
+        n += len(out[-1])
+        if n > budgets.MAX_VALUE_SIZE:
+            raise ExprError(f"{value[:60]!r}...: renders to more than "
+                            f"{budgets.MAX_VALUE_SIZE:,} characters (MAX_VALUE_SIZE)")
+    return budgets.check_value("".join(out))
 
 
 def _to_text(v) -> str:

@@ -16,16 +16,65 @@ Example::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import yaml
+from yaml.composer import Composer
+from yaml.resolver import Resolver
+
+from .budgets import MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 
 _CORE = "tag:yaml.org,2002:"
-# libyaml's composer when present (same nodes and marks, several times faster).
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _SCALAR_TAGS = {"str", "int", "float", "bool", "null", "timestamp"}
-_MAX_NODES = 200_000   # alias bombs ("billion laughs") stop here
-_MAX_DEPTH = 200
+_MAX_NODES = MAX_YAML_NODES   # alias bombs ("billion laughs") stop here
+_MAX_DEPTH = MAX_YAML_DEPTH
+# Characters YAML does not allow in a stream (PyYAML's Reader.NON_PRINTABLE).
+_NON_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD"
+                            "\U00010000-\U0010FFFF]")
+try:                                    # libyaml's parser when present (several times faster)
+    from yaml.cyaml import CParser as _Parser
+except ImportError:                     # pragma: no cover - pure-Python PyYAML
+    from yaml.parser import Parser as _Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Parser(Reader, Scanner, _Parser):     # noqa: F811
+        def __init__(self, stream):
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            _Parser.__init__(self)
+
+
+class _TooBig(Exception):
+    def __init__(self, mark, message):
+        super().__init__(message)
+        self.mark = mark
+
+
+class _Loader(Composer, _Parser, Resolver):
+    """PyYAML's composer over the (C) parser's events, counting nodes and depth as it
+    goes: libyaml's own composer recurses without limit and crashes on deep nesting."""
+
+    def __init__(self, stream):
+        _Parser.__init__(self, stream)
+        Composer.__init__(self)
+        Resolver.__init__(self)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        self._nodes += 1
+        if self._depth > MAX_YAML_DEPTH or self._nodes > MAX_YAML_NODES:
+            raise _TooBig(self.peek_event().start_mark,
+                          f"document nested more than {MAX_YAML_DEPTH} deep (MAX_YAML_DEPTH)"
+                          if self._depth > MAX_YAML_DEPTH else
+                          f"document has more than {MAX_YAML_NODES:,} nodes (MAX_YAML_NODES)")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 @dataclass(frozen=True)
@@ -55,6 +104,7 @@ class _Builder:
         self.marks: dict[str, tuple[int, int]] = {}
         self.problems: list[RawProblem] = []
         self.count = 0
+        self.too_big = False
         self._constructor = yaml.constructor.SafeConstructor()
 
     def problem(self, node, path, message):
@@ -64,9 +114,11 @@ class _Builder:
     def build(self, node, path="", depth=0):
         self.count += 1
         if self.count > _MAX_NODES or depth > _MAX_DEPTH:
-            if self.count == _MAX_NODES + 1 or depth == _MAX_DEPTH + 1:
-                self.problem(node, path, "document too large or too deeply nested "
-                             "(aliases expanding without bound?)")
+            if not self.too_big:
+                self.too_big = True
+                self.problem(node, path, f"document too large or too deeply nested: more "
+                             f"than {_MAX_NODES:,} nodes (MAX_YAML_NODES) or {_MAX_DEPTH} levels "
+                             "(MAX_YAML_DEPTH) once aliases are expanded")
             return None
         self.marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
         tag = node.tag or ""
@@ -117,14 +169,58 @@ class _Builder:
         return out
 
 
+def position(text: str, index: int) -> tuple[int, int]:
+    """1-based ``(line, col)`` of character ``index`` in ``text``."""
+    line = text.count("\n", 0, index) + 1
+    return line, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+def decode(data: bytes) -> tuple[str | None, RawProblem | None]:
+    """Spec file bytes -> ``(text, None)``, or ``(None, problem)`` for a file over
+    MAX_SPEC_BYTES or bytes that are not UTF-8 (positioned at the first bad byte)."""
+    if len(data) > MAX_SPEC_BYTES:
+        return None, RawProblem(1, 1, "", f"file is larger than {MAX_SPEC_BYTES:,} bytes, "
+                                          "the limit for a spec (MAX_SPEC_BYTES)")
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        head = data[:e.start].decode("utf-8", errors="replace")
+        line, col = position(head + "?", len(head))
+        return None, RawProblem(line, col, "", f"invalid UTF-8: byte 0x{data[e.start]:02x} "
+                                               f"({e.reason}); save the spec as UTF-8")
+
+
+def bad_character(text: str) -> RawProblem | None:
+    """The first character YAML does not allow (NUL, control characters, lone
+    surrogates), as a positioned problem; None when there is none."""
+    m = _NON_PRINTABLE.search(text)
+    if m is None:
+        return None
+    c = m.group()
+    name = "a NUL byte" if c == "\0" else f"control character U+{ord(c):04X}" \
+        if ord(c) < 0x100 else f"character U+{ord(c):04X}"
+    return RawProblem(*position(text, m.start()), "",
+                      f"{name} is not allowed in YAML; remove it")
+
+
 def load_yaml(text: str):
     """Parse one YAML document safely; returns ``(data, marks, problems)``.
 
     A syntax error gives ``data=None`` and one problem at the error's position.
     """
     b = _Builder()
+    bad = bad_character(text)
+    if bad is None and len(text) > MAX_SPEC_BYTES:
+        bad = RawProblem(1, 1, "", f"spec text is {len(text):,} characters, over the limit "
+                                   f"of {MAX_SPEC_BYTES:,} (MAX_SPEC_BYTES)")
+    if bad is not None:
+        b.problems.append(bad)
+        return None, b.marks, b.problems
     try:
-        node = yaml.compose(text, Loader=_LOADER)
+        node = yaml.compose(text, Loader=_Loader)
+    except _TooBig as e:
+        b.problems.append(RawProblem(e.mark.line + 1, e.mark.column + 1, "", str(e)))
+        return None, b.marks, b.problems
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -133,15 +229,31 @@ def load_yaml(text: str):
             msg = f"{e.context}: {msg}" if "found" in msg else f"{msg} ({e.context})"
         if "mapping values are not allowed" in msg or "expected <block end>" in msg:
             msg += "; check the indentation of this line and the one above"
+        if _tab_at(text, line, col):
+            msg = "a tab is used for indentation here; YAML indents with spaces only"
         b.problems.append(RawProblem(line, col, "", f"YAML syntax error: {msg}"))
         return None, b.marks, b.problems
     except yaml.YAMLError as e:
-        b.problems.append(RawProblem(1, 1, "", f"YAML error: {e}"))
+        msg = " ".join(str(e).split())
+        b.problems.append(RawProblem(1, 1, "", f"YAML error: {msg}"))
         return None, b.marks, b.problems
     if node is None:
         return None, b.marks, b.problems
     data = b.build(node)
+    if b.too_big:            # the other stages would only report the cut-off parts
+        return None, b.marks, b.problems
     return data, b.marks, b.problems
+
+
+def _tab_at(text: str, line: int, col: int) -> bool:
+    """True when the error at ``line:col`` sits in a line's leading whitespace that
+    holds a tab."""
+    lines = text.split("\n", line)
+    if line > len(lines):
+        return False
+    row = lines[line - 1]
+    lead = row[:len(row) - len(row.lstrip(" \t"))]
+    return "\t" in lead and col <= len(lead) + 1
 
 
 def nearest_mark(marks: dict, ptr: str, key: bool = False) -> tuple[int, int]:

@@ -148,7 +148,8 @@ def parse(data, marks, file: str, variant: str | None = None) -> tuple[Spec | No
             ptr = f"/blocks/{pointer_escape(k)}"
             blocks[str(k)] = BlockDecl(
                 str(k), P.pos(ptr),
-                params=tuple(x for x in b.get("params", []) or [] if isinstance(x, str)),
+                params=tuple(x for x in b["params"] if isinstance(x, str))
+                if isinstance(b.get("params"), list) else (),
                 inputs=P.names(b.get("inputs", []), f"{ptr}/inputs"),
                 outputs=P.names(b.get("outputs", []), f"{ptr}/outputs"),
                 layers=P.layers(b.get("layers"), f"{ptr}/layers"),

@@ -23,6 +23,7 @@ from .. import blocks
 from ..errors import SpecError
 from ..ops import _registry
 from ..ops._registry import REQUIRED
+from . import budgets
 from .expr import ExprError, evaluate, is_template, render, split_template
 from .marks import RawProblem, nearest_mark, pointer_escape
 from .typecheck import TypeEnv
@@ -94,6 +95,7 @@ class Expander:
         self.block_rule = check_encodings
         self.variant = variant
         self.env, self.problems = variant_env(spec, variant, overrides)
+        self.meter = budgets.meter()
         self.encodings = known_encodings()
         self.steps: list = []
         self.layers: list[PLayer] = []
@@ -297,7 +299,8 @@ class Expander:
                                    "anonymous; its weights are named after the layer path)")
             return
         if decl.repeat is None:
-            self.instance(decl, path, env, ns, wscope, blocks)
+            if not self.unroll(decl, path):
+                self.instance(decl, path, env, ns, wscope, blocks)
             return
         rpos = self.at(f"{decl.pos.ptr}/repeat")
         raw = decl.repeat
@@ -318,8 +321,24 @@ class Expander:
             else:
                 self.problem(rpos, f"repeat must be a positive integer, got {n!r}")
             return
+        if budgets.check_repeat(n):
+            self.problem(rpos, budgets.check_repeat(n))
+            return
         for k in range(n):
+            if self.unroll(decl, path):
+                return
             self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
+
+    def unroll(self, decl: LayerDecl, path: tuple) -> bool:
+        """Count one layer instance; True (reported) past budgets.MAX_UNROLLED or when
+        its path or a name under it is past budgets.MAX_PATH_CHARS."""
+        names = [decl.name or "", *(w.local for w in decl.weights),
+                 *(r for r, _ in decl.ins if isinstance(r, str)), *(o for o, _ in decl.outs),
+                 *(i.name for i in decl.inputs), *(o for o, _ in decl.outputs)]
+        msg = self.meter.unroll() or budgets.check_path(path, names)
+        if msg:
+            self.problem(decl.pos, msg)
+        return msg is not None
 
     def instance(self, decl: LayerDecl, path, env, ns, wscope, blocks):
         if decl.name is not None:

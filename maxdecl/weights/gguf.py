@@ -29,6 +29,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import MaxdeclError, QuantizationError, WeightsError
 from ..tensors import QuantizedTensor, TensorDict
+from ._checks import check_shape
 
 __all__ = ["load_gguf", "read_gguf_metadata", "GGUF_MAGIC"]
 
@@ -37,6 +38,8 @@ _VERSIONS = (2, 3)
 _MAX_DIMS = 4            # GGML_MAX_DIMS
 _MAX_NESTING = 8         # arrays of arrays deeper than this are refused
 _DEFAULT_ALIGNMENT = 32
+_MAX_ITEMS = 1 << 22      # strings or arrays in one metadata array (vocabularies: ~262k)
+_MAX_STRING = 1 << 24     # bytes of one string (chat templates: ~10 KB)
 
 # Scalar value types: struct code (little-endian).
 _SCALARS = {
@@ -90,6 +93,9 @@ class _Cursor:
     def string(self, what: str, strict: bool = True) -> str:
         n = self.scalar("Q", what)
         self.need(n, what)
+        if n > _MAX_STRING:
+            self.fail(f"corrupted GGUF: {what} is a string of {n:,} bytes, over the limit of "
+                      f"{_MAX_STRING:,}")
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
@@ -121,6 +127,9 @@ class _Cursor:
             return arr
         # strings (>= 8 bytes each) or nested arrays (>= 12 bytes each)
         self.need(count * 8, f"{what} ({count} items)")
+        if count > _MAX_ITEMS:
+            self.fail(f"corrupted GGUF: {what} holds {count:,} strings or arrays, over the "
+                      f"limit of {_MAX_ITEMS:,}")
         if itype == GGUFValueType.STRING:
             return self._strings(count, what)
         return [self.value(itype, what, depth + 1) for _ in range(count)]
@@ -136,9 +145,11 @@ class _Cursor:
                 self.need(8, what)
             (n,) = unpack(buf, pos)
             pos += 8
-            if pos + n > size:
+            if pos + n > size or n > _MAX_STRING:
                 self.pos = pos
                 self.need(n, what)
+                self.fail(f"corrupted GGUF: {what} holds a string of {n:,} bytes, over the "
+                          f"limit of {_MAX_STRING:,}")
             append(buf[pos:pos + n].decode("utf-8", "surrogateescape"))
             pos += n
         self.pos = pos
@@ -188,7 +199,8 @@ def _parse(path: str, buf, size: int, tensors: bool = True) -> _Header:
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
     if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
             or alignment & (alignment - 1)):
-        c.fail(f"corrupted GGUF: general.alignment {alignment!r} is not a power of two")
+        shown = " ".join(repr(alignment).split())
+        c.fail(f"corrupted GGUF: general.alignment {shown[:60]} is not a power of two")
     if not tensors:
         return _Header(metadata, [], None, alignment)
 
@@ -276,6 +288,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
         dt = _ARRAY_TYPES[gtype]
         nbytes = n_elements * dt.itemsize
         _check_range(where, start, nbytes, size)
+        check_shape(where, shape, dt.itemsize)      # a zero dim may hide a huge one
         return np.frombuffer(buf, dt, n_elements, start).reshape(shape)
 
     enc = _encoding(where, gtype)
@@ -286,6 +299,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
     row_bytes = ne[0] // block_elements * block_bytes
     nbytes = n_elements // block_elements * block_bytes
     _check_range(where, start, nbytes, size)
+    check_shape(where, shape)
     data = np.frombuffer(buf, np.uint8, nbytes, start).reshape(*shape[:-1], row_bytes)
     try:
         return QuantizedTensor(data, shape, enc)

@@ -12,15 +12,16 @@ when present, else every ``*.safetensors`` file in the directory.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..errors import WeightsError
+from ._checks import load_json
 from ..tensors import TensorDict
 
 __all__ = ["load_hf", "read_hf_config", "load_safetensors", "INDEX_NAME"]
 
 INDEX_NAME = "model.safetensors.index.json"
+MAX_JSON_BYTES = 64 << 20     # config.json / the shard index (real ones are < 10 MB)
 
 
 def read_hf_config(path) -> dict:
@@ -40,13 +41,14 @@ def read_hf_config(path) -> dict:
 def _read_json(path: str):
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+            raw = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
         raise WeightsError(f"{path}: no such file") from None
     except OSError as e:
         raise WeightsError(f"{path}: cannot read: {e.strerror or e}") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WeightsError(f"{path}: not valid JSON: {e}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise WeightsError(f"{path}: larger than {MAX_JSON_BYTES:,} bytes (MAX_JSON_BYTES)")
+    return load_json(path, raw)
 
 
 def load_safetensors(path) -> TensorDict:

@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import secrets
 import struct
+import time
 
 import numpy as np
 
 from ..errors import WeightsError
+from ._checks import check_shape, load_json
 
 # safetensors dtype name -> numpy dtype (little-endian). BF16 has no numpy dtype:
 # its bytes are read as uint16 and wrapped as a "bf16" QuantizedTensor by callers.
@@ -89,11 +92,7 @@ def read(path) -> tuple[dict[str, np.ndarray], dict[str, Entry], dict[str, str]]
             f"{size - 8} bytes follow")
     if n > MAX_HEADER:
         raise WeightsError(f"{path}: safetensors header of {n} bytes is too large")
-    raw = mm[8:8 + n]
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WeightsError(f"{path}: corrupted safetensors header (not valid JSON: {e})") from None
+    header = load_json(f"{path}: corrupted safetensors header", mm[8:8 + n])
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: corrupted safetensors header: a JSON object expected, "
                            f"got {type(header).__name__}")
@@ -143,12 +142,12 @@ def _entry(path: str, name: str, info, data_len: int) -> Entry:
     if not isinstance(info, dict):
         raise WeightsError(f"{where}: corrupted header entry (an object expected)")
     dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise WeightsError(f"{where}: unsupported dtype {dtype!r} "
                            f"(supported: {', '.join(DTYPES)})")
-    if (not isinstance(shape, list)
-            or not all(type(d) is int and 0 <= d < 1 << 62 for d in shape)):
+    if not isinstance(shape, list):
         raise WeightsError(f"{where}: corrupted shape {shape!r}")
+    check_shape(where, shape, DTYPES[dtype].itemsize)
     if (not isinstance(offs, list) or len(offs) != 2
             or not all(type(o) is int for o in offs) or not 0 <= offs[0] <= offs[1]):
         raise WeightsError(f"{where}: corrupted data_offsets {offs!r}")
@@ -206,7 +205,8 @@ def write(path, tensors: list[tuple[str, str, tuple, np.ndarray]], metadata: dic
     hbytes += b" " * (-(8 + len(hbytes)) % DATA_ALIGN)
 
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+    remove_stale_temporaries(path)
+    tmp = os.path.join(directory, temporary_name(path))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
@@ -231,6 +231,64 @@ def write(path, tensors: list[tuple[str, str, tuple, np.ndarray]], metadata: dic
             raise WeightsError(f"{path}: cannot write: {e.strerror or e}") from None
         raise
     _fsync_dir(directory)
+
+
+STALE_AFTER = 60.0       # seconds without a write after which a temporary is abandoned
+
+
+def temporary_name(path) -> str:
+    """``.NAME.<pid>.<12 hex>.tmp``: the temporary a save of ``path`` writes first."""
+    return f".{os.path.basename(os.fspath(path))}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+
+
+def _temporary_pattern(base: str):
+    # also the names of earlier versions, without the pid: .NAME.<12 hex>.tmp
+    return re.compile(rf"\.{re.escape(base)}\.(?:(\d+)\.)?[0-9a-f]{{12}}\.tmp")
+
+
+def remove_stale_temporaries(path) -> list[str]:
+    """Remove temporaries that killed saves of ``path`` left behind; returns their names.
+
+    Only files named exactly like :func:`temporary_name` for this target are
+    considered, and only abandoned ones: written by a process that no longer runs, or
+    not modified for STALE_AFTER seconds. Best effort: errors are ignored.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    match = _temporary_pattern(os.path.basename(path)).fullmatch
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = match(name)
+        if m is None:
+            continue
+        full = os.path.join(directory, name)
+        try:
+            st = os.lstat(full)
+            pid = int(m.group(1)) if m.group(1) else None
+            if pid != os.getpid() and (not _alive(pid) or now - st.st_mtime > STALE_AFTER):
+                os.unlink(full)
+                removed.append(name)
+        except (OSError, ValueError, OverflowError):
+            continue
+    return removed
+
+
+def _alive(pid: int | None) -> bool:
+    """False only when ``pid`` surely names no running process."""
+    if pid is None or pid <= 0:
+        return pid is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True
+    return True
 
 
 def _fsync_dir(directory: str) -> None:

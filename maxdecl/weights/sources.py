@@ -8,6 +8,7 @@ path or None.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")
@@ -71,9 +72,14 @@ def _assembled_once(path, assemble) -> str:
     path = os.fspath(assemble())
     try:
         tmp = f"{marker}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(stamp())
-        os.replace(tmp, marker)
+        try:
+            with open(tmp, "w") as f:
+                f.write(stamp())
+            os.replace(tmp, marker)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     except OSError:
         pass                     # a read-only cache only costs the checksum next time
     return path
