@@ -75,8 +75,8 @@ class OpDef:
         if callable(self.outputs):
             try:
                 return self.outputs(n_inputs, attrs)
-            except (TypeError, ValueError):
-                return None
+            except (TypeError, ValueError, LookupError):      # attributes still wrong:
+                return None                                   # they are reported elsewhere
         return self.outputs
 
     def runner(self) -> Callable:
