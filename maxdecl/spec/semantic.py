@@ -339,7 +339,11 @@ class Expander:
         names = [decl.name or "", *(w.local for w in decl.weights),
                  *(r for r, _ in decl.ins if isinstance(r, str)), *(o for o, _ in decl.outs),
                  *(i.name for i in decl.inputs), *(o for o, _ in decl.outputs)]
-        msg = self.meter.unroll() or budgets.check_path(path, names)
+        cost = (len(names) + len(decl.ins) + len(decl.attrs) + len(decl.with_)
+                + sum(len(w.shape) for w in decl.weights) + sum(len(i.shape) for i in decl.inputs))
+        msg = self.meter.unroll(cost)
+        if msg is None:
+            msg = budgets.check_path(path, names)
         if msg:
             self.problem(decl.pos, msg)
         return msg is not None
