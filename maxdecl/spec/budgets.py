@@ -37,6 +37,7 @@ MAX_FORMAT_WIDTH = 1_000        # width and precision in '%8.3f' % x
 MAX_TOTAL_SIZE = 4_000_000      # sum of the sizes of every evaluated value
 MAX_REPEAT = 4_096              # one `repeat:` count
 MAX_RANK = 32                   # dims of one shape (NumPy allows 64)
+MAX_LAYER_DEPTH = 64            # nesting of layers, block uses included
 MAX_PATH_CHARS = 1_024          # a layer path plus a name under it (weight, input, output)
 MAX_UNROLLED = 65_536           # layer instances unrolled over all variants, each counting
                                 # its names, inputs, attributes and shape dims
@@ -108,7 +109,11 @@ def check_budget() -> None:
 
 def check_path(path: tuple, names) -> str | None:
     """Message when layer ``path`` (its segments) joined with the longest of ``names``
-    is over :data:`MAX_PATH_CHARS` (every unrolled instance holds such strings)."""
+    is over :data:`MAX_PATH_CHARS` (every unrolled instance holds such strings), or
+    ``path`` nests deeper than :data:`MAX_LAYER_DEPTH`."""
+    if len(path) > MAX_LAYER_DEPTH:
+        return (f"layers (block uses included) nest more than {MAX_LAYER_DEPTH} deep "
+                "(MAX_LAYER_DEPTH)")
     n = sum(len(str(p)) + 1 for p in path) + max((len(str(x)) for x in names), default=0)
     if n > MAX_PATH_CHARS:
         return (f"a layer path or a name under it is {n:,} characters long, over the limit of "
