@@ -36,8 +36,11 @@ MAX_FORMAT_WIDTH = 1_000        # width and precision in '%8.3f' % x
 # -- a whole check --------------------------------------------------------------------
 MAX_TOTAL_SIZE = 4_000_000      # sum of the sizes of every evaluated value
 MAX_REPEAT = 4_096              # one `repeat:` count
+MAX_RANK = 32                   # dims of one shape (NumPy allows 64)
+MAX_LAYER_DEPTH = 64            # nesting of layers, block uses included
 MAX_PATH_CHARS = 1_024          # a layer path plus a name under it (weight, input, output)
-MAX_UNROLLED = 32_768           # layer instances unrolled over all variants
+MAX_UNROLLED = 65_536           # layer instances unrolled over all variants, each counting
+                                # its names, inputs, attributes and shape dims
 
 
 class ExprError(ValueError):
@@ -65,16 +68,18 @@ class Meter:
                             "characters/elements in all (limit MAX_TOTAL_SIZE)")
 
     def unroll(self, count: int = 1) -> str | None:
-        """Count ``count`` more layer instances; a message the first time the limit is
-        passed, ``""`` after that (already reported), None while within it."""
+        """Count one more layer instance of ``count`` parts (names, inputs, attributes,
+        dims); a message the first time the limit is passed, ``""`` after that (already
+        reported), None while within it."""
         self.unrolled += count
         if self.unrolled <= MAX_UNROLLED:
             return None
         if self.unroll_reported:
             return ""
         self.unroll_reported = True
-        return (f"more than {MAX_UNROLLED:,} layer instances after unrolling repeats and "
-                "blocks over all variants (limit MAX_UNROLLED); the rest is not checked")
+        return (f"more than {MAX_UNROLLED:,} layer instances and parts (names, inputs, "
+                "attributes, dims) after unrolling repeats and blocks over all variants "
+                "(limit MAX_UNROLLED); the rest is not checked")
 
 
 _METER: contextvars.ContextVar = contextvars.ContextVar("maxdecl_spec_meter", default=None)
@@ -104,7 +109,11 @@ def check_budget() -> None:
 
 def check_path(path: tuple, names) -> str | None:
     """Message when layer ``path`` (its segments) joined with the longest of ``names``
-    is over :data:`MAX_PATH_CHARS` (every unrolled instance holds such strings)."""
+    is over :data:`MAX_PATH_CHARS` (every unrolled instance holds such strings), or
+    ``path`` nests deeper than :data:`MAX_LAYER_DEPTH`."""
+    if len(path) > MAX_LAYER_DEPTH:
+        return (f"layers (block uses included) nest more than {MAX_LAYER_DEPTH} deep "
+                "(MAX_LAYER_DEPTH)")
     n = sum(len(str(p)) + 1 for p in path) + max((len(str(x)) for x in names), default=0)
     if n > MAX_PATH_CHARS:
         return (f"a layer path or a name under it is {n:,} characters long, over the limit of "

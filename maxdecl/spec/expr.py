@@ -334,9 +334,11 @@ def _safe_split(s):
 
 def render(value, env: dict):
     """Evaluate a spec value: ``"{e}"`` -> value of e (typed); ``"a{e}b"`` -> str;
-    lists are rendered element-wise; anything else is returned unchanged."""
+    lists are rendered element-wise (a new list, charged to the running check's
+    budgets.MAX_TOTAL_SIZE); anything else is returned unchanged."""
     if isinstance(value, list):
-        return [render(v, env) for v in value]
+        budgets.check_budget()
+        return budgets.check_value(_render_list(value, env))
     if not isinstance(value, str) or "{" not in value and "}" not in value:
         return value
     parts = split_template(value)
@@ -350,6 +352,10 @@ def render(value, env: dict):
             raise ExprError(f"{value[:60]!r}...: renders to more than "
                             f"{budgets.MAX_VALUE_SIZE:,} characters (MAX_VALUE_SIZE)")
     return budgets.check_value("".join(out))
+
+
+def _render_list(value: list, env: dict) -> list:
+    return [_render_list(v, env) if isinstance(v, list) else render(v, env) for v in value]
 
 
 def _to_text(v) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from .budgets import MAX_RANK
 from .marks import RawProblem, nearest_mark, pointer_escape
 from .model import BlockDecl, ConstDecl, IODecl, LayerDecl, Pos, Spec, WeightDecl
 
@@ -29,6 +30,18 @@ class _Parser:
         line, col = nearest_mark(self.marks, ptr, key=key)
         return Pos(ptr, line, col)
 
+    def shape(self, shape, ptr: str) -> tuple:
+        """A shape list as a tuple; () with a problem past budgets.MAX_RANK dims (every
+        unrolled instance would evaluate each one)."""
+        if not isinstance(shape, list):
+            return ()
+        if len(shape) > MAX_RANK:
+            self.problems.append(RawProblem(*nearest_mark(self.marks, ptr), ptr,
+                                            f"shape has {len(shape):,} dims, over the limit "
+                                            f"of {MAX_RANK} (MAX_RANK)"))
+            return ()
+        return tuple(shape)
+
     def io(self, data, ptr) -> tuple:
         out = []
         if not isinstance(data, dict):
@@ -39,7 +52,7 @@ class _Parser:
                 continue
             shape = d.get("shape")
             out.append(IODecl(str(name), str(d.get("dtype", "float32")),
-                              tuple(shape) if isinstance(shape, list) else (),
+                              self.shape(shape, f"{p}/shape"),
                               self.pos(p), str(d.get("doc", "") or "")))
         return tuple(out)
 
@@ -65,7 +78,8 @@ class _Parser:
                 full = w if isinstance(w, dict) else {"shape": w}    # [dims] or {shape, absent}
                 shape = full.get("shape")
                 weights.append(WeightDecl(
-                    str(k), tuple(shape) if isinstance(shape, list) else (), self.pos(p),
+                    str(k), self.shape(shape, f"{p}/shape" if isinstance(w, dict) else p),
+                    self.pos(p),
                     shape_ptr=f"{p}/shape" if isinstance(w, dict) else p,
                     absent=full.get("absent"),
                     absent_pos=self.pos(f"{p}/absent") if "absent" in full else None))

@@ -330,12 +330,18 @@ class Expander:
             self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
 
     def unroll(self, decl: LayerDecl, path: tuple) -> bool:
-        """Count one layer instance; True (reported) past budgets.MAX_UNROLLED or when
-        its path or a name under it is past budgets.MAX_PATH_CHARS."""
+        """Count one layer instance; True (reported) past budgets.MAX_UNROLLED, or when
+        its path or a name under it is past MAX_PATH_CHARS or MAX_LAYER_DEPTH."""
+        if self.meter.unroll_reported:
+            return True
         names = [decl.name or "", *(w.local for w in decl.weights),
                  *(r for r, _ in decl.ins if isinstance(r, str)), *(o for o, _ in decl.outs),
                  *(i.name for i in decl.inputs), *(o for o, _ in decl.outputs)]
-        msg = self.meter.unroll() or budgets.check_path(path, names)
+        cost = (len(names) + len(decl.ins) + len(decl.attrs) + len(decl.with_)
+                + sum(len(w.shape) for w in decl.weights) + sum(len(i.shape) for i in decl.inputs))
+        msg = self.meter.unroll(cost)
+        if msg is None:
+            msg = budgets.check_path(path, names)
         if msg:
             self.problem(decl.pos, msg)
         return msg is not None

@@ -55,10 +55,24 @@ __all__ = ["remap", "permute_qk", "compute_tensors", "TRANSFORMS"]
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+_MAX_PLACEHOLDERS = 8   # {i}-style parts in one source pattern
+
+
 def _compile(source: str) -> re.Pattern:
+    """The regex of a mapping source such as ``model.layers.{i}.mlp.weight``. Two
+    placeholders must be separated by text that is not all digits (``{a}{b}`` or
+    ``{a}1{b}`` could split a number many ways: matching would backtrack without bound)."""
     parts, last, seen = [], 0, set()
-    for m in _PLACEHOLDER.finditer(source):
-        parts.append(re.escape(source[last:m.start()]))
+    found = list(_PLACEHOLDER.finditer(source))
+    if len(found) > _MAX_PLACEHOLDERS:
+        raise WeightsError(f"mapping {source[:80]!r}: more than {_MAX_PLACEHOLDERS} "
+                           "placeholders")
+    for m in found:
+        between = source[last:m.start()]
+        if last and (not between or between.isdigit()):
+            raise WeightsError(f"mapping {source[:80]!r}: placeholders must be separated by "
+                               "text with a non-digit, e.g. '{i}.{j}'")
+        parts.append(re.escape(between))
         name = m.group(1)
         parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>0|[1-9][0-9]*)")
         seen.add(name)

@@ -164,3 +164,18 @@ def test_long_names_are_refused_before_they_are_copied_per_instance(where):
     problems = md.spec.validate_text(text, "s.yaml")
     assert any("MAX_PATH_CHARS" in p.message for p in problems), problems
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_block_chain_depth_is_bounded():
+    """600 blocks each using the next: a problem naming MAX_LAYER_DEPTH, not a
+    RecursionError."""
+    n = 600
+    blocks = "".join(f"  b{i}:\n    inputs: [x]\n    outputs: [x]\n    layers:\n"
+                     f"      - {{name: l, block: b{i + 1}, in: x, out: x}}\n" for i in range(n))
+    blocks += (f"  b{n}:\n    inputs: [x]\n    outputs: [x]\n    layers:\n"
+               "      - {op: add, in: [x, x], out: x}\n")
+    text = SMALL.replace("N", "1").replace(
+        "layers:\n  - name:",
+        "blocks:\n" + blocks + "layers:\n  - {name: top, block: b0, in: x, out: x}\n  - name:")
+    problems = md.spec.validate_text(text, "s.yaml")
+    assert any("MAX_LAYER_DEPTH" in p.message for p in problems), problems

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,6 +45,23 @@ HOSTILE_SPECS = {
         for i in range(9)), "MAX_YAML_NODES"),
     "big": (LLAMA + b"#" * (2 << 20), "MAX_SPEC_BYTES"),
 }
+# Amplifiers: a long list or name that every one of 4000 unrolled instances would copy.
+SMALL = open(os.path.join(ROOT, "tests", "spec", "cases", "valid", "small.yaml"), "rb").read()
+SMALL4K = SMALL.replace(b"n_layers: 2}", b"n_layers: 4000}")
+LONG_LIST = b"[" + b", ".join([b"x"] * 40000) + b"]"
+HOSTILE_SPECS.update({
+    "many_inputs": (SMALL4K.replace(b"in: [x, h], out: x}", b"in: " + LONG_LIST + b", out: x}"),
+                    "MAX_UNROLLED"),
+    "many_outputs": (SMALL4K.replace(b"in: [x, h], out: x}", b"in: [x, h], out: " + LONG_LIST
+                                     + b"}"), "MAX_UNROLLED"),
+    "long_attr_list": (SMALL4K.replace(b"attrs: {epsilon: 1.0e-5}", b"attrs: {epsilon: "
+                                       + LONG_LIST.replace(b"x", b"1") + b"}"),
+                       "MAX_TOTAL_SIZE"),
+    "long_shape": (SMALL4K.replace(b"weights: {weight: [dim]}", b"weights: {weight: "
+                                   + LONG_LIST.replace(b"x", b"1") + b"}", 1), "MAX_RANK"),
+    "long_name": (SMALL4K.replace(b"- name: norm", b"- name: " + b"n" * 300000),
+                  "MAX_PATH_CHARS"),
+})
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
@@ -52,6 +70,7 @@ def test_cli_hostile_spec(tmp_path, case, fmt):
     data, want = HOSTILE_SPECS[case]
     path = tmp_path / f"{case}.yaml"
     path.write_bytes(data)
+    t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", "import resource, runpy, sys; "
                         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
                         "sys.argv = ['maxdecl'] + sys.argv[1:]; "
@@ -59,6 +78,7 @@ def test_cli_hostile_spec(tmp_path, case, fmt):
                         "validate", "--format", fmt, str(path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stderr[-2000:]
+    assert time.perf_counter() - t0 < 15, "validate took too long"
     assert "Traceback" not in p.stderr + p.stdout
     if fmt == "json":
         problems = json.loads(p.stdout)

@@ -113,3 +113,15 @@ def test_gguf_alignment_array_is_one_line(tmp_path):
     with pytest.raises(md.WeightsError, match="power of two") as e:
         md.load_weights(path)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("source", ["{a}{b}{c}{d}{e}{f}{g}x", "x.{a}1{b}.w",
+                                    ".".join("{p%d}" % i for i in range(9))])
+def test_mapping_patterns_that_could_backtrack_are_refused(source):
+    from maxdecl.tensors import TensorDict
+    from maxdecl.weights import remap
+
+    td = TensorDict()
+    td["1" * 40] = np.zeros(1, np.float32)
+    with pytest.raises(md.WeightsError, match="placeholders"):
+        remap(td, {source: "blk.{a}.w"})
