@@ -49,7 +49,8 @@ class Model:
         self.compiled = compile_graph(graph, weights)
         self._run = self.compiled
         names = {v.name for v in graph.inputs}
-        self.session = Session(graph, self._run) if {"tokens", "positions"} <= names else None
+        lm = {"tokens", "positions"} <= names and "logits" in graph.output_names
+        self.session = Session(graph, self._run) if lm else None     # encoders: model(*inputs)
         vocab = self.params.get("vocab")
         self.vocab = int(vocab) if isinstance(vocab, numbers.Integral) else getattr(tokenizer, "vocab_size",
                                                                        None)
@@ -71,9 +72,10 @@ class Model:
 
     def _lm(self) -> Session:
         if self.session is None:
-            raise InputError(f"{self.spec.file}: not a language model (no graph inputs "
-                             f"'tokens' and 'positions'; inputs are {self.input_names}): "
-                             "run it with model(*inputs)")
+            raise InputError(f"{self.spec.file}: not a language model (it needs graph inputs "
+                             f"'tokens' and 'positions' and an output 'logits'; inputs are "
+                             f"{self.input_names}, outputs {self.output_names}): run it with "
+                             "model(*inputs)")
         return self.session
 
     def logits(self, ids, last_only: bool = False) -> np.ndarray:

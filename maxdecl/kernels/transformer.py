@@ -42,6 +42,9 @@ def _attention_run(args, attrs):
     new_cache = None
     if rest:
         past = rest[0]
+        if k.shape != v.shape or past.shape[-2:] != k.shape[-2:] or past.ndim != k.ndim + 1:
+            raise ValueError(f"a kv_cache {list(past.shape)} needs k and v of one shape with its "
+                             f"heads and head_dim, got k {list(k.shape)}, v {list(v.shape)}")
         new_cache = append_kv(past, k, v)
         k, v = new_cache[0], new_cache[1]
     *qb, s, hq, d = q.shape

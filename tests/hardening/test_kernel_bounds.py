@@ -188,3 +188,14 @@ def test_attention_v_shorter_than_k_at_run_time(v_len, past):
     assert ok[0].shape == (3, 4, 8) and ok[1].shape == (2, past + 3, 2, 8)
     with pytest.raises(md.GraphError, match="blk.0.attn"):
         g.execute(rnd(3, 4, 8), rnd(3, 2, 8), rnd(v_len, 2, 8), rnd(2, past, 2, 8))
+
+
+def test_kv_cache_append_refuses_v_of_another_length():
+    """v of one row is not broadcast into a cache of k's rows (a wrong cache, silently)."""
+    g = md.Graph("t", [md.TensorType("float32", ("s", 2, 8)), md.TensorType("float32", ("s", 2, 8)),
+                       md.TensorType("float32", ("t", 2, 8)),
+                       md.TensorType("float32", (2, "p", 2, 8))])
+    out, cache = md.ops.attention(*g.inputs[:3], kv_cache=g.inputs[3])
+    g.output(out, cache)
+    with pytest.raises(md.GraphError, match="needs k and v of one shape"):
+        g.execute(rnd(3, 2, 8), rnd(3, 2, 8), rnd(1, 2, 8), np.zeros((2, 0, 2, 8), np.float32))
