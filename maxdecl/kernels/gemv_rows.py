@@ -13,7 +13,6 @@ x: (M, K) f32 C order, w: (N, K // be * bb) u8 -> out: (M, N) f32.
 from __future__ import annotations
 
 import numba
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -21,9 +20,7 @@ from numba.extending import intrinsic
 
 from .config import CACHE, FASTMATH
 from .gemv import (_FM, _IR_F32, _IR_I8, _IR_I64, _NO_TABLE, _Q5_OFFSETS, _V8F, _V8I,
-                   _block_sums_rows, _dot_q4_0, _dot_q4_k, _dot_q5_0, _dot_q6_k, _dot_q8_0,
-                   _ir_const, _ir_hsum, _ir_q4_0_block, _ir_q4_k_block, _ir_q5_0_block,
-                   _ir_q6_k_block, _ir_q8_0_block)
+                   _dot_q5_0, _dot_q8_0, _ir_const, _ir_hsum, _ir_q5_0_block, _ir_q8_0_block)
 
 ROWS = 4   # x rows per weight-block decode
 
@@ -98,48 +95,20 @@ def _small_block(block):
     return emit
 
 
-def _super_block(block):
-    """A 256-value super-block step (q4_k/q6_k): aux at 8 floats a block."""
-    def emit(builder, bp, xb, b, ap, accs):
-        ab = builder.gep(ap, [builder.mul(b, _ir_const(_IR_I64, 8))])
-        return list(block(builder, bp, xb, ab, accs))
-    return emit
-
-
-def _signed_sum(signs):
-    def finish(builder, accs):
-        tot = ir.Constant(_V8F, None)
-        for a, sgn in zip(accs, signs):
-            tot = (builder.fadd if sgn > 0 else builder.fsub)(tot, a, flags=_FM)
-        return _ir_hsum(builder, tot)
-    return finish
-
-
 def _plain_sum(builder, accs):
     return _ir_hsum(builder, accs[0])
 
 
-_rows_q4_0 = _rows_intrinsic(18, 32, _small_block(_ir_q4_0_block), 1, _plain_sum)
+# Only where the merged code keeps each row bit-identical to the one-row GEMV (checked
+# for every M in the tests). Built the same way for q4_0, q4_k and q6_k (the K-quants
+# with a per-row float auxiliary), LLVM reassociated the accumulation differently once
+# several rows shared a block (a 1e-5 relative difference), so those keep the plain row
+# loop (gemv._gemvm_*): exact, but decoding every block once per row.
 _rows_q5_0 = _rows_intrinsic(22, 32, _small_block(_ir_q5_0_block), 1, _plain_sum)
 _rows_q8_0 = _rows_intrinsic(34, 32, _small_block(_ir_q8_0_block), 1, _plain_sum)
-_rows_q4_k = _rows_intrinsic(144, 256, _super_block(_ir_q4_k_block), 3, _signed_sum((1, 1, -1)))
-_rows_q6_k = _rows_intrinsic(210, 256, _super_block(_ir_q6_k_block), 2, _signed_sum((1, 1)))
 
 
 # -- kernels: ROWS rows at a time, the rest one by one --------------------------------
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemvm_q4_0(x, w, out):
-    nb = x.shape[1] // 32
-    full = x.shape[0] // ROWS * ROWS
-    for r in numba.prange(w.shape[0]):
-        for m in range(0, full, ROWS):
-            vals = _rows_q4_0(w, r, x, m, nb, _NO_TABLE)
-            for j in range(ROWS):
-                out[m + j, r] = vals[j]
-        for m in range(full, x.shape[0]):
-            out[m, r] = _dot_q4_0(w, r, x[m], nb, _NO_TABLE)
-
-
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
 def _gemvm_q5_0(x, w, out):
     nb = x.shape[1] // 32
@@ -166,37 +135,4 @@ def _gemvm_q8_0(x, w, out):
             out[m, r] = _dot_q8_0(w, r, x[m], nb, _NO_TABLE)
 
 
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemvm_q4_k(x, w, out):
-    nb = x.shape[1] // 256
-    xs = _block_sums_rows(x, 32)                     # the min term: sums of x per sub-block
-    full = x.shape[0] // ROWS * ROWS
-    for r in numba.prange(w.shape[0]):
-        for m in range(0, full, ROWS):
-            vals = _rows_q4_k(w, r, x, m, nb, xs)
-            for j in range(ROWS):
-                out[m + j, r] = vals[j]
-        for m in range(full, x.shape[0]):
-            out[m, r] = _dot_q4_k(w, r, x[m], nb, xs[m])
-
-
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemvm_q6_k(x, w, out):
-    nb = x.shape[1] // 256
-    full = x.shape[0] // ROWS * ROWS
-    for r in numba.prange(w.shape[0]):
-        for m in range(0, full, ROWS):
-            vals = _rows_q6_k(w, r, x, m, nb, x)
-            for j in range(ROWS):
-                out[m + j, r] = vals[j]
-        for m in range(full, x.shape[0]):
-            out[m, r] = _dot_q6_k(w, r, x[m], nb, x[m])
-
-
-# Only where the merged code keeps each row bit-identical to the one-row GEMV (checked
-# for every M in the tests). For q4_0, q4_k and q6_k LLVM reassociates the accumulation
-# differently once several rows share a block (a 1e-5 relative difference), so those
-# keep the plain row loop (gemv._gemvm_*), which is exact but decodes every block once
-# per row.
 GEMV_ROWS = {"q5_0": _gemvm_q5_0, "q8_0": _gemvm_q8_0}
-_ = np  # numpy is numba's array type here
