@@ -19,7 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .config import CACHE, FASTMATH
-from .gemv import (_FM, _IR_F32, _IR_I8, _IR_I64, _NO_TABLE, _Q5_OFFSETS, _V8F, _V8I,
+from .gemv import (_IR_F32, _IR_I8, _IR_I64, _NO_TABLE, _Q5_OFFSETS, _V8F, _V8I,
                    _dot_q5_0, _dot_q8_0, _ir_const, _ir_hsum, _ir_q5_0_block, _ir_q8_0_block)
 
 ROWS = 4   # x rows per weight-block decode
