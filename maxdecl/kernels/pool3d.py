@@ -8,7 +8,20 @@ import numba
 import numpy as np
 
 from .config import CACHE, FASTMATH
-from .pool import _taps
+
+
+@numba.njit(cache=CACHE)
+def _taps(o, k, s, d, before, after, size):
+    # (taps inside the input, taps inside the padded input) of window o along one dim
+    valid = 0
+    padded = 0
+    for r in range(k):
+        i = o * s - before + r * d
+        if 0 <= i < size:
+            valid += 1
+        if -before <= i < size + after:
+            padded += 1
+    return valid, padded
 
 
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
