@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import re
 
-Dim = "int | str"
 _TERM = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?([A-Za-z_][A-Za-z0-9_]*(?:\s*\*\s*[A-Za-z_][A-Za-z0-9_]*)*)"
                    r"\s*$|^\s*(\d+)\s*$")
 
