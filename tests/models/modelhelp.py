@@ -338,3 +338,11 @@ def _rope_theta(cfg, layer_type: str | None = None) -> float:
         if "rope_theta" in rp:
             return float(rp["rope_theta"])
     return float(cfg.rope_theta)
+
+
+def hf_case(model, folder):
+    """(model, HF directory saved in ``folder``, prompt ids, the model's logits on them):
+    what each architecture test's module fixture holds."""
+    path = save_hf(model, folder)
+    ids = token_ids(model.config.vocab_size)
+    return model, path, ids, hf_logits(model, ids)

@@ -11,7 +11,7 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import (TOL, compare, hf_logits, make_llama, save_hf, spec_path, token_ids,
+from modelhelp import (TOL, compare, hf_case, hf_logits, make_llama, save_hf, spec_path, token_ids,
                        without_hf_transforms)
 
 pytest.importorskip("torch")
@@ -21,9 +21,7 @@ pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     model = make_llama(seed=0)
-    path = save_hf(model, tmp_path_factory.mktemp("llama_hf"))
-    ids = token_ids(model.config.vocab_size)
-    return model, path, ids, hf_logits(model, ids)
+    return hf_case(model, tmp_path_factory.mktemp("llama_hf"))
 
 
 def test_llama3_config_from_hf(llama):

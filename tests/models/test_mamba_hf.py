@@ -6,7 +6,7 @@ import pytest
 
 import maxdecl as md
 from archhelp import TOL, Stepper, decoder_errors, load
-from modelhelp import hf_logits, randomize, rel_err, save_hf, token_ids
+from modelhelp import hf_case, hf_logits, randomize, rel_err, save_hf, token_ids
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -26,9 +26,7 @@ def make_mamba(seed=0, tied=True):
 @pytest.fixture(scope="module")
 def mamba(tmp_path_factory):
     model = make_mamba()
-    path = save_hf(model, tmp_path_factory.mktemp("mamba_hf"))
-    ids = token_ids(model.config.vocab_size)
-    return model, path, ids, hf_logits(model, ids)
+    return hf_case(model, tmp_path_factory.mktemp("mamba_hf"))
 
 
 def test_mamba_weights_from_hf(mamba):

@@ -6,7 +6,7 @@ import pytest
 
 import maxdecl as md
 from archhelp import TOL, decoder_errors, load
-from modelhelp import hf_logits, randomize, save_hf, token_ids
+from modelhelp import hf_case, hf_logits, randomize, save_hf, token_ids
 
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,9 +27,7 @@ def make_mixtral(seed=0):
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory):
     model = make_mixtral()
-    path = save_hf(model, tmp_path_factory.mktemp("mixtral_hf"))
-    ids = token_ids(model.config.vocab_size)
-    return model, path, ids, hf_logits(model, ids)
+    return hf_case(model, tmp_path_factory.mktemp("mixtral_hf"))
 
 
 def test_mixtral_weights_stack_experts_and_read_config(mixtral):

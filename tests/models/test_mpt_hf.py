@@ -12,7 +12,7 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import TOL, compare, hf_logits, make_mpt, save_hf, spec_path, token_ids
+from modelhelp import TOL, compare, hf_case, make_mpt, spec_path
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -21,9 +21,7 @@ pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def mpt(tmp_path_factory):
     model = make_mpt()
-    path = save_hf(model, tmp_path_factory.mktemp("mpt_hf"))
-    ids = token_ids(model.config.vocab_size)
-    return model, path, ids, hf_logits(model, ids)
+    return hf_case(model, tmp_path_factory.mktemp("mpt_hf"))
 
 
 def test_replit_config_from_hf(mpt):
