@@ -149,7 +149,7 @@ def main(argv=None):
 
     if args.threads:
         numba.set_num_threads(args.threads)
-    run = _registry.get("qmatmul").run
+    run = _registry.get("qmatmul").runner()
     rng = np.random.default_rng(0)
     print(f"threads: {numba.get_num_threads()}  clock: {CLOCK.__name__}  load average: "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
