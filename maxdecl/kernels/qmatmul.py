@@ -2,12 +2,11 @@
 
 Two paths, chosen by the number of activation rows M:
 
-* **GEMV** (M == 1, decode; bandwidth-bound; ``gemv.py``): one kernel per encoding reads each
-  weight row's blocks once, in place, with the block scales folded into the products
-  and one horizontal sum per row; rows run under ``prange``. Every kernel but bf16
-  writes the row dot as LLVM vector IR (``_row_dot_intrinsic`` for 32-value blocks,
-  ``_superblock_dot_intrinsic`` for the K-quants): 8-lane vectors, F16C scales.
-* **GEMM** (M > 1, prefill; compute-bound): in one parallel region, each thread
+* **GEMV** (M <= ``GEMV_MAX_ROWS``: decode, batched decode, lookup verify; ``gemv.py``):
+  each weight row's blocks are read once, in place, and decoded once for up to 8 rows
+  of x at a time, in LLVM vector IR (16 lanes with AVX-512, else 8) whose arithmetic
+  is pinned: every output is bit-identical whether its x row runs alone or with others.
+* **GEMM** (M > ``GEMV_MAX_ROWS``, prefill; compute-bound): in one parallel region, each thread
   decodes 16 weight rows at a time into a small float32 buffer (exact: the same
   float32 operations as gguf-py, so the rows equal ``dequantize`` bit for bit)
   and multiplies them against x, packed once into transposed panels, with a
@@ -34,10 +33,7 @@ from numba.extending import intrinsic
 
 from .block_rows import KINDS, LAYOUTS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
 from .config import CACHE, FASTMATH, GEMV_MAX_ROWS
-from .gemv import (_FM, _IR_I64, _V8F, _gemv_bf16, _gemv_q4_0, _gemv_q4_k, _gemv_q5_0,
-                   _gemv_q6_k, _gemv_q8_0, _gemvm_bf16, _gemvm_q4_0, _gemvm_q4_k, _gemvm_q6_k,
-                   _ir_const, _ir_splat)
-from .gemv_rows import GEMV_ROWS
+from .gemv import _FM, _IR_I64, _V8F, GEMV, _ir_const, _ir_splat
 
 TILE_BYTES = 2 << 20  # float32 bytes of one decoded tile in the fallback path
 
@@ -151,13 +147,6 @@ def pack_panels(x2: np.ndarray) -> np.ndarray:
 
 
 # -- Python wrappers -----------------------------------------------------------------
-_GEMV = {"q4_0": _gemv_q4_0, "q5_0": _gemv_q5_0, "q8_0": _gemv_q8_0,
-         "q4_k": _gemv_q4_k, "q6_k": _gemv_q6_k, "bf16": _gemv_bf16}
-# a few rows of x: each q5_0/q8_0 block decoded once for all of them (gemv_rows), the
-# others one row at a time; either way bit-identical to one row alone
-_GEMV_ROWS = {"q4_0": _gemvm_q4_0, "q4_k": _gemvm_q4_k, "q6_k": _gemvm_q6_k,
-              "bf16": _gemvm_bf16, **GEMV_ROWS}
-
 # (block_elements, block_bytes) each kernel assumes, as GGML defines them
 
 
@@ -205,13 +194,9 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
         raise ValueError(f"qmatmul: {encoding} rows of K={k} take {k // be * bb} bytes "
                          f"({k / be:g} blocks of {bb}), but w has {w.shape[1]} bytes per row")
     n = w.shape[0]
-    if x2.shape[0] == 1:                            # decode: keep this path lean
-        out = np.empty((1, n), np.float32)
-        _GEMV[encoding](x2[0], w.view(np.uint16) if encoding == "bf16" else w, out[0])
-        return out
     out = np.empty((x2.shape[0], n), np.float32)
-    if x2.shape[0] <= GEMV_MAX_ROWS:
-        _GEMV_ROWS[encoding](x2, w.view(np.uint16) if encoding == "bf16" else w, out)
+    if x2.shape[0] <= GEMV_MAX_ROWS:                # decode, batched decode, lookup verify
+        GEMV[encoding](x2, w.view(np.uint16) if encoding == "bf16" else w, out)
         return out
     _gemm(KINDS[encoding], pack_panels(x2), x2.shape[0], w, out, numba.get_num_threads())
     return out
