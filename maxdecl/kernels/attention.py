@@ -173,12 +173,25 @@ _FEW_ROWS = 16  # up to this many query rows take the in-place path: each row co
                 # (up to 16 rows) gets exactly the numbers of plain decoding
 
 
+class _ShapeText:
+    """The shapes of q, k, v as error text, formatted only when an error needs it."""
+
+    def __init__(self, qs, ks, vs):
+        self.shapes = qs, ks, vs
+
+    def __format__(self, spec):
+        qs, ks, vs = self.shapes
+        return f"q{list(qs)}, k{list(ks)}, v{list(vs)}"
+
+
 def _check_shapes(q, k, v, slopes) -> None:
     """ValueError unless the kernels can index q, k, v and slopes without reading past them."""
-    shapes = f"q{list(np.shape(q))}, k{list(np.shape(k))}, v{list(np.shape(v))}"
-    if np.ndim(q) != 4 or np.ndim(k) != 4 or np.ndim(v) != 4:
-        raise ValueError(f"attention: q, k, v must be [batch, seq, heads, head_dim]; got {shapes}")
-    (B, _, Hq, D), (Bk, T, Hkv, Dk), (Bv, Tv, Hv, _) = q.shape, k.shape, v.shape
+    qs, ks, vs = np.shape(q), np.shape(k), np.shape(v)
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise ValueError(f"attention: q, k, v must be [batch, seq, heads, head_dim]; got "
+                         f"q{list(qs)}, k{list(ks)}, v{list(vs)}")
+    shapes = _ShapeText(qs, ks, vs)
+    (B, _, Hq, D), (Bk, T, Hkv, Dk), (Bv, Tv, Hv, _) = qs, ks, vs
     if not B == Bk == Bv:
         raise ValueError(f"attention: batch sizes differ: {shapes}")
     if T != Tv:

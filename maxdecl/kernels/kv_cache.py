@@ -37,10 +37,15 @@ def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         buf = np.empty(past.shape[:-3] + (cap,) + past.shape[-2:], past.dtype)
         buf[..., :t, :, :] = past
         room = (buf, [t])
-    buf[0, ..., t:t + s, :, :] = k
-    buf[1, ..., t:t + s, :, :] = v
+    if buf.ndim == 4:                  # [2, T, Hkv, D]: plain indexing is cheaper
+        buf[0, t:t + s] = k
+        buf[1, t:t + s] = v
+        out = buf[:, :t + s].view(KVCache)
+    else:
+        buf[0, ..., t:t + s, :, :] = k
+        buf[1, ..., t:t + s, :, :] = v
+        out = buf[..., :t + s, :, :].view(KVCache)
     room[1][0] = t + s
-    out = buf[..., :t + s, :, :].view(KVCache)
     out.room = room
     return out
 

@@ -51,8 +51,12 @@ def _attention_run(args, attrs):
     t = k.shape[-3]
     batch = tuple(qb)
     q3 = q.reshape((-1, s, hq, d))
-    k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
-    v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
+    if k.shape[:-3] == batch and v.shape[:-3] == batch:     # the usual case: no broadcast
+        k3 = k.reshape((-1,) + k.shape[-3:])
+        v3 = v.reshape((-1,) + v.shape[-3:])
+    else:
+        k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
+        v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
     scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(d)
     out = kern.attention(q3, k3, v3, scale, attrs["causal"], attrs["sliding_window"],
                          attrs["alibi_slopes"], attrs["softcap"], t - s)
