@@ -262,7 +262,7 @@ def _per_sequence(fn, args, attrs, opdef, rows):
         elif c and a.shape[axis] != sum(rows):
             raise ValueError(f"{a.shape[axis]} rows along axis {axis}, but the batch has "
                              f"{sum(rows)} ({rows})")
-    outs, start = [], 0
+    eaches, start = [], 0
     for k, n in enumerate(rows):
         each = []
         for a, c in zip(args, cut):
@@ -274,8 +274,10 @@ def _per_sequence(fn, args, attrs, opdef, rows):
                 each.append(a[tuple(index)])
             else:
                 each.append(a)                      # shared: a weight
-        outs.append(fn(each, attrs))
+        eaches.append(each)
         start += n
+    batched = opdef.batch_runner()
+    outs = batched(eaches, attrs) if batched else [fn(each, attrs) for each in eaches]
     return [PerSequence(o[j] for o in outs) if j in state_out
             else np.concatenate([o[j] for o in outs], axis=axis) for j in range(len(outs[0]))]
 

@@ -10,7 +10,10 @@ import numpy as np
 from .. import codecs
 from ..tensors import QuantizedTensor
 from . import attention, rope
+from .attention_rows import attention_rows
 from .kv_cache import append_kv
+
+FEW_ROWS = 16  # up to this many query rows (a decode or lookup-verify step) per sequence
 
 
 def _embedding_run(args, attrs):
@@ -36,17 +39,36 @@ def _rope_run(args, attrs):
     return [out.astype(x.dtype, copy=False)]
 
 
+def _with_cache(q, k, v, rest):
+    """(k, v, new cache or None): this step's k, v after the cached ones, if any."""
+    if not rest:
+        return k, v, None
+    past = rest[0]
+    if k.shape != v.shape or past.shape[-2:] != k.shape[-2:] or past.ndim != k.ndim + 1:
+        raise ValueError(f"a kv_cache {list(past.shape)} needs k and v of one shape with its "
+                         f"heads and head_dim, got k {list(k.shape)}, v {list(v.shape)}")
+    new_cache = append_kv(past, k, v)
+    return new_cache[0], new_cache[1], new_cache
+
+
+def _scale(attrs, d):
+    return attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(d)
+
+
+def _rows_kernel(q, k, v) -> bool:
+    """Whether q, k, v (after the cache) take attention_rows: a few rows, no batch dims."""
+    return q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
+
+
 def _attention_run(args, attrs):
     kern = attention
     q, k, v, *rest = args
-    new_cache = None
-    if rest:
-        past = rest[0]
-        if k.shape != v.shape or past.shape[-2:] != k.shape[-2:] or past.ndim != k.ndim + 1:
-            raise ValueError(f"a kv_cache {list(past.shape)} needs k and v of one shape with its "
-                             f"heads and head_dim, got k {list(k.shape)}, v {list(v.shape)}")
-        new_cache = append_kv(past, k, v)
-        k, v = new_cache[0], new_cache[1]
+    k, v, new_cache = _with_cache(q, k, v, rest)
+    if _rows_kernel(q, k, v):
+        (out,) = attention_rows([q], [k], [v], _scale(attrs, q.shape[-1]), attrs["causal"],
+                                attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"])
+        out = out.astype(q.dtype, copy=False)
+        return [out] if new_cache is None else [out, new_cache]
     *qb, s, hq, d = q.shape
     t = k.shape[-3]
     batch = tuple(qb)
@@ -57,11 +79,28 @@ def _attention_run(args, attrs):
     else:
         k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
         v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
-    scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    scale = _scale(attrs, d)
     out = kern.attention(q3, k3, v3, scale, attrs["causal"], attrs["sliding_window"],
                          attrs["alibi_slopes"], attrs["softcap"], t - s)
     out = out.reshape(batch + (s, hq, v.shape[-1])).astype(q.dtype, copy=False)
     return [out] if new_cache is None else [out, new_cache]
 
 
+def _attention_batch(per_sequence: list, attrs) -> list:
+    """``_attention_run`` of each sequence's args of a batched step, in one kernel call
+    when every sequence takes attention_rows (decode, lookup verify)."""
+    steps = [(q, *_with_cache(q, k, v, rest)) for q, k, v, *rest in per_sequence]
+    if not all(_rows_kernel(q, k, v) for q, k, v, _ in steps):
+        return [_attention_run(args, attrs) for args in per_sequence]
+    q0 = steps[0][0]
+    outs = attention_rows([s[0] for s in steps], [s[1] for s in steps], [s[2] for s in steps],
+                          _scale(attrs, q0.shape[-1]), attrs["causal"], attrs["sliding_window"],
+                          attrs["alibi_slopes"], attrs["softcap"])
+    return [[o.astype(q.dtype, copy=False)] if cache is None
+            else [o.astype(q.dtype, copy=False), cache]
+            for o, (q, _, _, cache) in zip(outs, steps)]
+
+
 RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _attention_run}
+# ops whose sequences of a batched step run in one call (runtime._per_sequence)
+RUN_BATCH = {"attention": _attention_batch}

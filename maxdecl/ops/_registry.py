@@ -90,9 +90,21 @@ class OpDef:
             _RUNNERS[self.name] = fn
         return fn
 
+    def batch_runner(self) -> Callable | None:
+        """The runtime that takes every sequence's args of a batched step in one call
+        (``RUN_BATCH`` of the kernels module), or None: then each sequence runs alone."""
+        if self.name not in _BATCH_RUNNERS:
+            fn = None
+            if not callable(self.run):
+                module = importlib.import_module(f"maxdecl.kernels.{self.run}")
+                fn = getattr(module, "RUN_BATCH", {}).get(self.name)
+            _BATCH_RUNNERS[self.name] = fn
+        return _BATCH_RUNNERS[self.name]
+
 
 REGISTRY: dict[str, OpDef] = {}
 _RUNNERS: dict[str, Callable] = {}
+_BATCH_RUNNERS: dict[str, Callable | None] = {}
 
 
 def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,

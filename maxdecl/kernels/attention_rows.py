@@ -1,0 +1,136 @@
+"""Attention for a few query rows of several sequences at once (decode, batched decode,
+prompt-lookup verify), each sequence reading its own KV cache in place.
+
+One call serves a whole batch: the rows of all sequences are one ``(R, Hq, D)`` array,
+each row tagged with its sequence and absolute position, and each sequence's keys and
+values stay where they are (their addresses are passed, checked here, and viewed in
+the kernel), so a batched step makes one parallel call per layer instead of one per
+sequence. A lone sequence goes through the same kernel, and every (row, head) task runs
+the same code whatever the batch, so a row's output does not depend on its batch-mates.
+Masks, scores and softmax are those of ``attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from ._dispatch import njit_twins, pick
+from .attention import _key_range, _softmax_inplace
+from .config import CACHE, FASTMATH
+
+
+@intrinsic
+def _f32_pointer(typingctx, addr):
+    """The float32 pointer at the integer address ``addr`` (of a live, checked array)."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+
+    return types.CPointer(types.float32)(addr), codegen
+
+
+@numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
+def _attend(q, i, h, hk, k, v, pos, orow, scale, causal, window, slope, softcap):
+    # orow <- softmax(scale * q[i, h] . k[lo:hi, hk]) @ v[lo:hi, hk] (attention_few's order)
+    D = q.shape[2]
+    Dv = v.shape[2]
+    lo, hi = _key_range(pos, k.shape[0], causal, window)
+    orow[:] = 0.0
+    if hi <= lo:
+        return
+    qs = np.empty(D, np.float32)
+    for d in range(D):
+        qs[d] = q[i, h, d] * scale
+    n = hi - lo
+    sc = np.empty(n, np.float32)
+    for j in range(n):
+        kr = k[lo + j, hk]
+        t = np.float32(0)
+        for d in range(D):
+            t += qs[d] * kr[d]
+        if softcap > 0:
+            t = softcap * math.tanh(t / softcap)
+        t += slope * np.float32(lo + j - pos)
+        sc[j] = t
+    _softmax_inplace(sc, n)
+    for j in range(n):
+        p = sc[j]
+        vr = v[lo + j, hk]
+        for e in range(Dv):
+            orow[e] += p * vr[e]
+
+
+@njit_twins(fastmath=FASTMATH)
+def _attention_rows(q, seq, pos, kaddr, vaddr, lens, hkv, out, scale, causal, window,
+                    slopes, softcap):
+    # q: (R, Hq, D) f32; row i of sequence seq[i] at absolute position pos[i]; sequence s
+    # has keys (lens[s], hkv, D) at kaddr[s] and values (lens[s], hkv, Dv) at vaddr[s]
+    R, Hq, D = q.shape
+    Dv = out.shape[2]
+    group = Hq // hkv
+    for task in numba.prange(R * Hq):
+        i = task // Hq
+        h = task % Hq
+        s = seq[i]
+        k = numba.carray(_f32_pointer(kaddr[s]), (lens[s], hkv, D))
+        v = numba.carray(_f32_pointer(vaddr[s]), (lens[s], hkv, Dv))
+        _attend(q, i, h, h // group, k, v, pos[i], out[i, h], scale, causal, window,
+                slopes[h], softcap)
+
+
+def _f32_c(a) -> np.ndarray:
+    if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+    return a
+
+
+def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, window,
+                   slopes, softcap) -> list:
+    """Per sequence i: q ``(S_i, Hq, D)``, k ``(T_i, Hkv, D)``, v ``(T_i, Hkv, Dv)`` (the
+    queries are the last S_i of the T_i positions) -> outs ``(S_i, Hq, Dv)`` float32."""
+    if not qs:
+        return []
+    shapes = ", ".join(f"q{list(q.shape)} k{list(k.shape)} v{list(v.shape)}"
+                       for q, k, v in zip(qs, ks, vs))
+    hq, d = qs[0].shape[1:]
+    hkv, dv = ks[0].shape[1], vs[0].shape[2]
+    for q, k, v in zip(qs, ks, vs):
+        if (q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[1:] != (hq, d)
+                or k.shape[1:] != (hkv, d) or v.shape[1:] != (hkv, dv)
+                or k.shape[0] != v.shape[0] or q.shape[0] > k.shape[0]):
+            raise ValueError(f"attention: sequences must agree in heads and head_dim, with "
+                             f"k and v of one length at least q's: {shapes}")
+    if hq and (hkv == 0 or hq % hkv):
+        raise ValueError(f"attention: query heads {hq} must be a multiple of key/value "
+                         f"heads {hkv}; got {shapes}")
+    if slopes is not None and np.size(slopes) != hq:
+        raise ValueError(f"attention: {np.size(slopes)} alibi slopes for {hq} query heads")
+    ks = [_f32_c(k) for k in ks]
+    vs = [_f32_c(v) for v in vs]
+    q = _f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs))
+    sizes = [x.shape[0] for x in qs]
+    lens = np.array([k.shape[0] for k in ks], np.int64)
+    seq = np.repeat(np.arange(len(qs), dtype=np.int64), sizes)
+    pos = np.concatenate([np.arange(t - s, t, dtype=np.int64) for s, t in zip(sizes, lens)])
+    kaddr = np.array([k.ctypes.data for k in ks], np.int64)
+    vaddr = np.array([v.ctypes.data for v in vs], np.int64)
+    sl = (np.zeros(hq, np.float32) if slopes is None
+          else np.asarray(slopes, dtype=np.float32).reshape(hq))
+    out = np.empty((q.shape[0], hq, dv), np.float32)
+    if out.size:
+        work = hq * d * int(sum(s * int(t) for s, t in zip(sizes, lens)))
+        pick(_attention_rows, work)(q, seq, pos, kaddr, vaddr, lens, hkv, out,
+                                    np.float32(scale), bool(causal), int(window or 0), sl,
+                                    np.float32(softcap or 0.0))
+    outs, start = [], 0
+    for s in sizes:
+        outs.append(out[start:start + s])
+        start += s
+    return outs
