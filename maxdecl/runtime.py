@@ -2,12 +2,15 @@
 
 The compiled object owns everything a run needs (the graph itself only builds and
 type-checks): the execution plan (generated Python, one local per value and one line
-per node, each intermediate deleted after its last use: a decode step runs ~400
-nodes, and interpreting them from a table cost ~5 us of bookkeeping each), the
-runtime function of every node (imported from ``maxdecl.kernels`` here, the first
+per step, each intermediate deleted after its last use: a decode step runs ~400
+nodes, and interpreting them from a table cost ~5 us of bookkeeping each), where a
+step is one node or several fused by ``maxdecl.fusion`` (sibling linears as one
+grouped call, reshapes inline; ``fuse=False`` / ``MAXDECL_FUSE=0``: none), the
+runtime function of every step (imported from ``maxdecl.kernels`` here, the first
 time numba loads), and the weights bound to the graph's ``weight`` nodes, checked
 once. Every failure is a ``GraphError`` naming the node's spec position, layer
-path, op and the runtime types of its inputs.
+path, op and the runtime types of its inputs (a fused step: its first node, and
+the others).
 """
 
 from __future__ import annotations
