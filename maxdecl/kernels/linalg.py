@@ -86,12 +86,14 @@ def linear_group(args, attrs):
         if x.shape[-1] != k:
             raise ValueError(f"x{format_shape(x.shape)} vs w{format_shape(w0.shape)}: "
                              "K must match")
-        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
+        flat = x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous  # decode
+        x2 = x if flat else np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
         if x2.shape[0] and all(w.shape[0] for w in ws):
-            outs = kf.qmatmul_group(x2, [np.ascontiguousarray(w.data) for w in ws],
-                                    w0.encoding)
-            lead = x.shape[:-1]
-            ys = [o.reshape(*lead, w.shape[0]) for o, w in zip(outs, ws)]
+            ys = kf.qmatmul_group(x2, [np.ascontiguousarray(w.data) for w in ws],
+                                  w0.encoding)
+            if not flat:
+                lead = x.shape[:-1]
+                ys = [y.reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
             return [np.asarray(y + b) for y, b in zip(ys, bs)] if bs else ys
     if bs:
         return [_linear([x, w, b], attrs)[0] for w, b in zip(ws, bs)]
