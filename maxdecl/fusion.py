@@ -6,10 +6,10 @@ running the nodes one by one:
 
 * **Sibling linears**: ``linear`` nodes that read the same ``x``, whose weights are
   bound weights of one kind (one encoding, or one float dtype) and one K, and whose
-  biases are all absent or all bound weights, run as one ``linear_group`` call (``kernels.linalg.linear_group`` ->
-  ``kernels.fused.qmatmul_group``), placed where the first of them was: q/k/v and
-  gate/up projections become one call over all rows of the batch. The group's
-  first node names its errors.
+  biases are all absent or all bound weights, run as one ``linear_group`` call
+  (``kernels.linalg.linear_group`` -> ``kernels.fused.qmatmul_group``), placed where
+  the first of them was: q/k/v and gate/up projections become one call over all
+  rows of the batch. The group's first node names its errors.
 * **Views inline**: a ``reshape`` with at most one symbolic dim is a NumPy view;
   it is written into the generated code as ``y = x.reshape(shape)``, no call.
 
