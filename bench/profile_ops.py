@@ -44,7 +44,8 @@ class _Timed:
 
 def _report(title, totals, calls, steps, wall):
     print(f"\n{title}: {wall / steps * 1e3:.2f} ms per step, "
-          f"ops {sum(totals.values()) / steps * 1e3:.2f} ms, {sum(calls.values()) / steps:.1f} calls")
+          f"ops {sum(totals.values()) / steps * 1e3:.2f} ms, "
+          f"{sum(calls.values()) / steps:.1f} calls")
     print(f"  {'op':36} {'calls':>7} {'ms':>8} {'us/call':>9}")
     for key in sorted(totals, key=lambda k: -totals[k]):
         print(f"  {key:36} {calls[key] / steps:7.1f} {totals[key] / steps * 1e3:8.3f} "
