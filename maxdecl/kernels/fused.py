@@ -24,6 +24,7 @@ def qmatmul_group(x2: np.ndarray, weights: list, encoding: str) -> list:
         encoding: the weights' encoding name (``"q4_k"``, ``"q8_0"``, ...).
     Returns:
         one (M, N_i) float32 array per weight, in order, each bit-identical to
-        ``qmatmul_blocks(x2, weights[i], encoding)``.
+        ``qmatmul_blocks(x2, weights[i], encoding)``; the caller may write into them
+        (they may be views of one buffer, but must not overlap).
     """
     return [qmatmul_blocks(x2, w, encoding) for w in weights]

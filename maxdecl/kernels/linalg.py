@@ -94,7 +94,9 @@ def linear_group(args, attrs):
             if not flat:
                 lead = x.shape[:-1]
                 ys = [y.reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
-            return [np.asarray(y + b) for y, b in zip(ys, bs)] if bs else ys
+            for y, b in zip(ys, bs):            # the kernel's own outputs: add in place
+                np.add(y, b, out=y)
+            return ys
     if bs:
         return [_linear([x, w, b], attrs)[0] for w, b in zip(ws, bs)]
     return [_linear([x, w], attrs)[0] for w in ws]
