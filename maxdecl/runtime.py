@@ -53,6 +53,11 @@ class CompiledGraph:
     the sequence (``attention``: ``OpDef.sequence_axis``) run once per sequence on its
     rows and state. State outputs come back as ``PerSequence`` lists.
 
+    **Fusion** (``maxdecl.fusion``): ``steps`` lists what one run calls, some steps
+    covering several nodes (sibling linears as one grouped call, reshapes inline);
+    ``fused`` says whether the rules were applied (``md.compile(..., fuse=False)`` or
+    ``MAXDECL_FUSE=0``: one step per node). Outputs are bit-identical either way.
+
     Example::
 
         run = md.compile(g, weights=td)
