@@ -3,8 +3,9 @@
 Gemma 3 270M Q4_K_M, 2 threads: runs a prefill of the bench prompt (128 tokens) and
 ``--tokens`` decode steps with every op's ``run`` wrapped in a timer, then prints per
 op (qmatmul per encoding and weight shape) the calls per step, milliseconds per step
-and microseconds per call, for the prefill and for the mean decode step. The timer
-adds about a microsecond per call.
+and microseconds per call, for the prefill and for the mean decode step (fused calls
+of ``md.compile`` as ``linear_group``; ``MAXDECL_FUSE=0`` for the unfused plan). The
+timer adds about a microsecond per call.
 
     python bench/profile_ops.py [--tokens 32] [--threads 2]
 """
@@ -31,6 +32,9 @@ class _Timed:
         weight = args[1] if len(args) > 1 else None
         if key in ("qmatmul", "linear") and hasattr(weight, "encoding"):
             key = f"{key} {weight.encoding} {list(weight.shape)}"
+        elif key == "linear_group" and hasattr(weight, "encoding"):   # fused siblings
+            ns = "+".join(str(w.shape[0]) for w in args[1:attrs["n"] + 1])
+            key = f"{key} {weight.encoding} [{ns}, {weight.shape[1]}]"
         t = time.perf_counter()
         out = self.run(args, attrs)
         self.totals[key] += time.perf_counter() - t
@@ -39,7 +43,9 @@ class _Timed:
 
 
 def _report(title, totals, calls, steps, wall):
-    print(f"\n{title}: {wall / steps * 1e3:.2f} ms per step, ops {sum(totals.values()) / steps * 1e3:.2f} ms")
+    print(f"\n{title}: {wall / steps * 1e3:.2f} ms per step, "
+          f"ops {sum(totals.values()) / steps * 1e3:.2f} ms, "
+          f"{sum(calls.values()) / steps:.1f} calls")
     print(f"  {'op':36} {'calls':>7} {'ms':>8} {'us/call':>9}")
     for key in sorted(totals, key=lambda k: -totals[k]):
         print(f"  {key:36} {calls[key] / steps:7.1f} {totals[key] / steps * 1e3:8.3f} "
@@ -55,6 +61,7 @@ def main() -> None:
 
     numba.set_num_threads(a.threads)
     from generate import N_PROMPT, PROMPT, _gguf_path
+    from maxdecl import fusion
     from maxdecl.ops import _registry
     import maxdecl as md
     from maxdecl.pipelines.generate import generate_ids
@@ -65,6 +72,8 @@ def main() -> None:
     # md.compile takes each op's runtime from the registry's runner cache: time them all
     for name, op in _registry.REGISTRY.items():
         _registry._RUNNERS[name] = _Timed(name, op.runner(), totals, calls)
+    for kind in ("linear_group",):                       # md.compile's fused calls too
+        fusion._RUNNERS[kind] = _Timed(kind, fusion.runner(kind), totals, calls)
     model = md.load_model(spec, _gguf_path())
     session, tok = model.session, model.tokenizer
     ids = tok.encode(PROMPT, add_bos=True)[:N_PROMPT]
@@ -90,6 +99,7 @@ def main() -> None:
                 res.decode_seconds)
     finally:
         _registry._RUNNERS.clear()
+        fusion._RUNNERS.clear()
     print(f"\ndecode {res.decode_tps:.1f} tokens/s with the timers in place")
 
 

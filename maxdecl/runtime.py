@@ -2,12 +2,15 @@
 
 The compiled object owns everything a run needs (the graph itself only builds and
 type-checks): the execution plan (generated Python, one local per value and one line
-per node, each intermediate deleted after its last use: a decode step runs ~400
-nodes, and interpreting them from a table cost ~5 us of bookkeeping each), the
-runtime function of every node (imported from ``maxdecl.kernels`` here, the first
+per step, each intermediate deleted after its last use: a decode step runs ~400
+nodes, and interpreting them from a table cost ~5 us of bookkeeping each), where a
+step is one node or several fused by ``maxdecl.fusion`` (sibling linears as one
+grouped call, reshapes inline; ``fuse=False`` / ``MAXDECL_FUSE=0``: none), the
+runtime function of every step (imported from ``maxdecl.kernels`` here, the first
 time numba loads), and the weights bound to the graph's ``weight`` nodes, checked
 once. Every failure is a ``GraphError`` naming the node's spec position, layer
-path, op and the runtime types of its inputs.
+path, op and the runtime types of its inputs (a fused step: its first node, and
+the others).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import dims
+from . import dims, fusion
 from .dtypes import format_shape
 from .errors import GraphError, MaxdeclError
 from .ops import _registry
@@ -50,13 +53,18 @@ class CompiledGraph:
     the sequence (``attention``: ``OpDef.sequence_axis``) run once per sequence on its
     rows and state. State outputs come back as ``PerSequence`` lists.
 
+    **Fusion** (``maxdecl.fusion``): ``steps`` lists what one run calls, some steps
+    covering several nodes (sibling linears as one grouped call, reshapes inline);
+    ``fused`` says whether the rules were applied (``md.compile(..., fuse=False)`` or
+    ``MAXDECL_FUSE=0``: one step per node). Outputs are bit-identical either way.
+
     Example::
 
         run = md.compile(g, weights=td)
         (y,) = run(np.ones((2, 16), np.float32))
     """
 
-    def __init__(self, graph, weights=None):
+    def __init__(self, graph, weights=None, fuse=None):
         if not graph.outputs:
             raise GraphError(f"{graph.name}: no outputs; call graph.output(...) first")
         if weights is not None and not isinstance(weights, Mapping):
@@ -70,7 +78,10 @@ class CompiledGraph:
         self._nodes = [n for n in graph.nodes if n.op != "weight"]
         weight_nodes = [n for n in graph.nodes if n.op == "weight"]
         self._bound = [_bind_weight(n, weights) for n in weight_nodes]
-        self._run = _generate(graph, weight_nodes, self._nodes)
+        bound = {id(n.outputs[0]): w for n, w in zip(weight_nodes, self._bound)}
+        self.fused = fusion.enabled(fuse)
+        self.steps = fusion.plan(self._nodes, bound, self.fused)
+        self._run = _generate(graph, weight_nodes, self.steps, self._nodes)
 
     def __call__(self, *inputs, rows=None) -> list:
         arrays = [a if isinstance(a, (QuantizedTensor, PerSequence)) else np.asanyarray(a)
@@ -83,27 +94,38 @@ class CompiledGraph:
         try:
             return self._run(env, rows)
         except Exception as e:  # noqa: BLE001 - one error type out of a run
-            i, args = _failed_step(e, self._run)
-            if i is None:
+            s, args = _failed_step(e, self._run)
+            if s is None:
                 raise
-            node = self._nodes[i]
+            step = self.steps[s]
+            node = self._nodes[step.nodes[0]]
+            also = ""
+            if len(step.nodes) > 1:
+                also = " [fused in one call with " + ", ".join(
+                    self._nodes[j].where() for j in step.nodes[1:]) + "]"
             if isinstance(e, MaxdeclError):
-                raise GraphError(f"{node.where()}: {e}") from e
+                raise GraphError(f"{node.where()}: {e}{also}") from e
             ins = ", ".join(describe_value(a) for a in args)
-            raise GraphError(f"{node.where()}: {type(e).__name__}: {e} (inputs: {ins})") from e
+            raise GraphError(f"{node.where()}: {type(e).__name__}: {e} "
+                             f"(inputs: {ins}){also}") from e
 
     def __repr__(self) -> str:
-        return f"CompiledGraph({self.name!r}, {len(self._nodes)} nodes)"
+        return (f"CompiledGraph({self.name!r}, {len(self._nodes)} nodes, "
+                f"{sum(s.kind != 'reshape' for s in self.steps)} calls)")
 
 
-def compile(graph, weights=None) -> CompiledGraph:  # noqa: A001 - the public md.compile
+def compile(graph, weights=None, fuse=None) -> CompiledGraph:  # noqa: A001 - md.compile
     """Plan ``graph``, check and bind ``weights`` (a TensorDict or mapping) to its
     declared ``g.weight`` names; returns a ``CompiledGraph`` to call with inputs.
+
+    ``fuse``: merge calls by the rules of ``maxdecl.fusion`` (sibling linears as one
+    grouped call, reshapes inline; outputs bit-identical); None (default) follows the
+    ``MAXDECL_FUSE`` environment variable (``0`` turns it off), else on.
 
     Raises:
         GraphError: no outputs, a weight missing, of the wrong encoding, dtype or shape.
     """
-    return CompiledGraph(graph, weights)
+    return CompiledGraph(graph, weights, fuse)
 
 
 def bind_inputs(compiled, arrays, skip=()) -> dict:
@@ -207,9 +229,11 @@ def _bind_weight(node, weights):
     return w
 
 
-def _generate(graph, weight_nodes, nodes):
-    """``run(env)``: Python generated from the graph; ``env`` holds the inputs, then the
-    bound weights, in the order of ``graph.inputs`` and ``weight_nodes``."""
+def _generate(graph, weight_nodes, steps, nodes):
+    """``run(env, rows)``: Python generated from the plan's ``steps`` (``maxdecl.fusion``),
+    one line each; ``env`` holds the inputs, then the bound weights, in the order of
+    ``graph.inputs`` and ``weight_nodes``. ``run.steps`` maps a line number to its step
+    index (for ``_failed_step``)."""
     from . import kernels  # noqa: F401  (numba's NumPy support, loaded the fast way)
 
     slot: dict[int, int] = {}
@@ -219,28 +243,43 @@ def _generate(graph, weight_nodes, nodes):
 
     loaded = [v(x) for x in graph.inputs] + [v(n.outputs[0]) for n in weight_nodes]
     last = {}
-    for i, n in enumerate(nodes):
-        for x in n.inputs:
-            last[v(x)] = i
+    for s, step in enumerate(steps):
+        for x in step.inputs:
+            last[v(x)] = s
     keep = {v(x) for x in graph.outputs}
     lines = ["def run(env, rows):"]
     lines += [f"    {name} = env[{k}]" for k, name in enumerate(loaded)]
-    for i, n in enumerate(nodes):
-        outs = ", ".join(v(x) for x in n.outputs)
-        lines.append(f"    _i = {i}")
-        lines.append(f"    _args = [{', '.join(v(x) for x in n.inputs)}]")
-        call = (f"_per_sequence(_run[{i}], _args, _attrs[{i}], _defs[{i}], rows)"
-                if _registry.get(n.op).sequence_axis is not None else f"_run[{i}](_args, _attrs[{i}])")
-        lines.append(f"    {outs}, = {call}" if n.outputs else f"    {call}")
-        dead = [name for name, at in last.items() if at == i and name not in keep]
+    line_step = {}
+    runs, attrs, defs = [], [], []
+    for s, step in enumerate(steps):
+        outs = ", ".join(v(x) for x in step.outputs)
+        ins = ", ".join(v(x) for x in step.inputs)
+        opdef = _registry.get(nodes[step.nodes[0]].op)
+        if step.kind == "node":
+            runs.append(opdef.runner())
+            call = (f"_per_sequence(_run[{s}], [{ins}], _attrs[{s}], _defs[{s}], rows)"
+                    if opdef.sequence_axis is not None else f"_run[{s}]([{ins}], _attrs[{s}])")
+            line = f"    {outs}, = {call}" if step.outputs else f"    {call}"
+        elif step.kind == "reshape":
+            runs.append(None)
+            line = f"    {outs} = {ins}.reshape({step.attrs['shape']!r})"
+        else:
+            runs.append(fusion.runner(step.kind))
+            line = f"    {outs}, = _run[{s}]([{ins}], _attrs[{s}])"
+        attrs.append(step.attrs if step.kind != "node" else nodes[step.nodes[0]].attrs)
+        defs.append(opdef)
+        lines.append(line)
+        line_step[len(lines)] = s
+        dead = [name for name, at in last.items() if at == s and name not in keep]
         if dead:
             lines.append(f"    del {', '.join(sorted(dead))}")
     lines.append(f"    return [{', '.join(v(x) for x in graph.outputs)}]")
-    scope = {"_run": [_registry.get(n.op).runner() for n in nodes],
-             "_attrs": [n.attrs for n in nodes], "_defs": [_registry.get(n.op) for n in nodes],
-             "_per_sequence": _per_sequence}
+    scope = {"_run": runs, "_attrs": attrs, "_defs": defs, "_per_sequence": _per_sequence}
     exec(builtins.compile("\n".join(lines), f"<maxdecl plan of {graph.name}>", "exec"), scope)
-    return scope["run"]
+    run = scope["run"]
+    run.steps = line_step
+    run.names = [tuple(v(x) for x in step.inputs) for step in steps]
+    return run
 
 
 def _per_sequence(fn, args, attrs, opdef, rows):
@@ -283,11 +322,15 @@ def _per_sequence(fn, args, attrs, opdef, rows):
 
 
 def _failed_step(e: BaseException, run):
-    """(node index, its input values) of the generated ``run`` frame an error left."""
+    """(step index, its input values) of the generated ``run`` frame an error left, or
+    (None, [])."""
     tb = e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is run.__code__:
+            s = run.steps.get(tb.tb_lineno)
+            if s is None:
+                return None, []
             loc = tb.tb_frame.f_locals
-            return loc.get("_i"), loc.get("_args", [])
+            return s, [loc.get(name) for name in run.names[s]]
         tb = tb.tb_next
     return None, []

@@ -8,6 +8,7 @@ import numpy as np
 from .. import codecs
 from ..dtypes import format_shape
 from ..tensors import QuantizedTensor
+from . import fused as kf
 from . import qmatmul as kq
 from .config import GEMV_MAX_ROWS
 
@@ -70,6 +71,35 @@ def _linear(args, attrs):
     if bias:
         y = y + bias[0]
     return [np.asarray(y)]
+
+
+def linear_group(args, attrs):
+    """``linear`` of one x by ``attrs["n"]`` weights of one kind and K (a fused group,
+    ``maxdecl.fusion``): ``[x, w_1..w_n, (b_1..b_n)] -> [x @ w_i.T (+ b_i) for each i]``,
+    each output bit-identical to ``_linear([x, w_i(, b_i)])``. Quantized weights with
+    block kernels run as one ``fused.qmatmul_group`` call over all rows of x."""
+    n = attrs["n"]
+    x, ws, bs = args[0], args[1:n + 1], args[n + 1:]
+    w0 = ws[0]
+    if isinstance(w0, QuantizedTensor) and _block_kernels(codecs.get(w0.encoding)):
+        k = w0.shape[1]
+        if x.shape[-1] != k:
+            raise ValueError(f"x{format_shape(x.shape)} vs w{format_shape(w0.shape)}: "
+                             "K must match")
+        flat = x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous  # decode
+        x2 = x if flat else np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
+        if x2.shape[0] and all(w.shape[0] for w in ws):
+            ys = kf.qmatmul_group(x2, [np.ascontiguousarray(w.data) for w in ws],
+                                  w0.encoding)
+            if not flat:
+                lead = x.shape[:-1]
+                ys = [y.reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
+            for y, b in zip(ys, bs):            # the kernel's own outputs: add in place
+                np.add(y, b, out=y)
+            return ys
+    if bs:
+        return [_linear([x, w, b], attrs)[0] for w, b in zip(ws, bs)]
+    return [_linear([x, w], attrs)[0] for w in ws]
 
 
 RUN = {
