@@ -18,6 +18,7 @@ from ..spec import Spec, load_spec
 from ..spec.expr import ExprError, evaluate, is_template, split_template
 from ..tensors import TensorDict
 from .mapping import compute_tensors, remap
+from .strings import StringArray
 
 __all__ = ["load_for_spec", "params_from_metadata", "prepare_weights"]
 
@@ -47,7 +48,8 @@ def params_from_metadata(spec, meta: dict) -> dict:
                 k = str(k).replace("{arch}", str(arch))
                 if k in meta:
                     v = meta[k]
-                    out[name] = len(v) if isinstance(v, (list, tuple, np.ndarray)) else v
+                    out[name] = len(v) if isinstance(v, (list, tuple, np.ndarray, StringArray)) \
+                        else v
                     break
         if "vocab" in spec.params and "vocab" not in out and "tokenizer.ggml.tokens" in meta:
             out["vocab"] = len(meta["tokenizer.ggml.tokens"])
