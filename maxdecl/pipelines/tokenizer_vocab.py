@@ -1,7 +1,7 @@
 """``VocabIndex``: token text -> id over a ``StringArray``, with no Python object per token.
 
 A dict of 262,144 ``str`` keys and ``int`` values costs ~37 MB; this index costs
-~3 MB: each token's bytes hash to a bucket, and the ids sorted by bucket (ascending
+~2 MB: each token's bytes hash to a bucket, and the ids sorted by bucket (ascending
 id within one, so the first id of a duplicated text wins, as in llama.cpp) are
 found through one start offset per bucket. The hash is ``int.from_bytes(b, "little")
 % (2**31 - 1)``: one C call per lookup, and the same number computed for every token
@@ -28,25 +28,29 @@ _MIX = 0x9E3779B97F4A7C15            # Fibonacci hashing: spreads the hash over 
 _MASK64 = (1 << 64) - 1
 
 
-def _hashes(strings: StringArray) -> np.ndarray:
-    """``int.from_bytes(item, "little") % _PRIME`` of every item (uint64)."""
-    lengths = strings.lengths()
+def _hashes(strings: StringArray, chunk: int = 1 << 15) -> np.ndarray:
+    """``int.from_bytes(item, "little") % _PRIME`` of every item (uint64), ``chunk``
+    items at a time (small temporaries)."""
     blob = np.frombuffer(strings.blob, np.uint8)
-    starts = np.frombuffer(strings.offsets, strings.offsets.typecode).astype(np.int64)
+    offsets = np.frombuffer(strings.offsets, strings.offsets.typecode).astype(np.int64)
     # byte j of an item weighs 256**j = 2**(8j mod 31) modulo 2**31 - 1
-    j = np.arange(blob.size, dtype=np.int64) - np.repeat(starts[:-1], lengths)
-    weight = np.left_shift(np.uint64(1), ((8 * j) % 31).astype(np.uint64))
-    del j
-    total = np.zeros(blob.size + 1, np.uint64)       # < 2**39 per byte: no overflow per item
-    np.cumsum(blob.astype(np.uint64) * weight, out=total[1:])
-    return (total[starts[1:]] - total[starts[:-1]]) % np.uint64(_PRIME)
+    powers = np.left_shift(np.uint64(1), np.arange(31, dtype=np.uint64))
+    out = np.empty(len(strings), np.uint64)
+    for a in range(0, len(strings), chunk):
+        starts = offsets[a:a + chunk + 1]
+        lo, hi = starts[0], starts[-1]
+        j = np.arange(lo, hi, dtype=np.int64) - np.repeat(starts[:-1], np.diff(starts))
+        total = np.zeros(hi - lo + 1, np.uint64)   # < 2**39 per byte: no overflow per item
+        np.cumsum(blob[lo:hi] * powers[(8 * j) % 31], out=total[1:])
+        out[a:a + len(starts) - 1] = total[starts[1:] - lo] - total[starts[:-1] - lo]
+    return out % np.uint64(_PRIME)
 
 
 class VocabIndex:
     """``get(text)``, ``text in index``, ``index[text]``: the first id whose token text is
     ``text`` (str equality, as a dict keyed by the texts)."""
 
-    __slots__ = ("_strings", "_blob", "_off", "_shift", "_start", "_ids", "_hash")
+    __slots__ = ("_strings", "_blob", "_off", "_shift", "_start", "_ids")
 
     def __init__(self, strings: StringArray) -> None:
         n = len(strings)
@@ -60,7 +64,6 @@ class VocabIndex:
         self._shift = 64 - bits
         self._start = array("i", start.astype(np.int32).tobytes())
         self._ids = array("i", order.astype(np.int32).tobytes())
-        self._hash = array("I", h.astype(np.uint32).tobytes())
 
     def get(self, text: str, default=None):
         """The first id of ``text``, else ``default``."""
@@ -75,11 +78,10 @@ class VocabIndex:
             exact = False
         r = int.from_bytes(b, "little") % _PRIME
         k = ((r * _MIX) & _MASK64) >> self._shift
-        ids, hashes, off, blob = self._ids, self._hash, self._off, self._blob
+        ids, off, blob = self._ids, self._off, self._blob
         for j in range(self._start[k], self._start[k + 1]):
             t = ids[j]
-            if hashes[t] == r and blob[off[t]:off[t + 1]] == b and \
-                    (exact or self._strings[t] == text):
+            if blob[off[t]:off[t + 1]] == b and (exact or self._strings[t] == text):
                 return t
         return default
 

@@ -119,3 +119,13 @@ def test_gemma3_array_vocab_gives_the_dict_tokenizers_ids():
     assert new.token_to_id("<start_of_turn>") == old.token_to_id("<start_of_turn>") == 105
     assert md.load_tokenizer(g.assemble()).encode("<start_of_turn>user\nhi") == \
         old.encode("<start_of_turn>user\nhi")
+
+
+def test_vectorized_hash_is_int_from_bytes_mod_prime():
+    from maxdecl.pipelines.tokenizer_vocab import _PRIME, _hashes
+
+    rng = random.Random(2)
+    items = [bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 2, 5, 9, 40, 300])))
+             for _ in range(2000)]
+    h = _hashes(StringArray.from_strings(items), chunk=77)
+    assert [int(x) for x in h] == [int.from_bytes(b, "little") % _PRIME for b in items]
