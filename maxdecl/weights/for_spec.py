@@ -17,7 +17,6 @@ from ..errors import WeightsError
 from ..spec import Spec, load_spec
 from ..spec.expr import ExprError, evaluate, is_template, split_template
 from ..tensors import TensorDict
-from .mapping import compute_tensors, remap
 from .strings import StringArray
 
 __all__ = ["load_for_spec", "params_from_metadata", "prepare_weights"]
@@ -103,6 +102,8 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
     computed = section.get("computed") if isinstance(section.get("computed"), dict) else None
     if not (mapped or computed):
         return weights
+    from .mapping import compute_tensors, remap
+
     prog = spec.program(spec.variant, params, check_encodings=False)
     full = dict(prog.params)                # derived params follow the weights' own
     extra = compute_tensors(computed, full, {w.name: w.shape for w in prog.weights})
