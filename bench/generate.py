@@ -2,8 +2,10 @@
 
 Gemma 3 270M Q4_K_M, 2 threads, a 128-token prompt, 64 greedy tokens. Each engine
 runs in its own process (so peak RSS is its own); prints prefill and decode
-tokens/s, their ratios, peak RSS, and maxdecl's start-up time to the first token
-with a warm and a cold numba cache. Run by hand on an idle machine:
+tokens/s, their ratios, peak RSS (and by phase: after imports, model load, the first
+token, the generation), maxdecl's start-up time to the first token with a warm and a
+cold numba cache, and the whole ``maxdecl run ... --max-new-tokens 1`` process (wall
+time, peak RSS). Run by hand on an idle machine:
 
     python bench/generate.py [--runs 3] [--threads 2]
 """
@@ -30,6 +32,20 @@ PROMPT = ("Once upon a time, in a small village at the edge of a great forest, t
           "carrying a broken silver watch that had not ticked for a hundred years, and asked")
 N_PROMPT, N_GEN = 128, 64
 N_BATCH = 8               # prompts decoding together in the batched figure
+PHASES = (("imports", "imports"), ("load", "model load"), ("first", "first token"),
+          ("generate", "generate"))
+
+
+def _peak_mb() -> float:
+    """This process's peak resident memory so far (VmHWM), MB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _gguf_path():
@@ -48,16 +64,20 @@ def worker_maxdecl(threads: int) -> dict:
     from maxdecl.pipelines.generate import generate_ids
     from maxdecl.pipelines.sampling import Sampler
 
+    peak = {"imports": _peak_mb()}
     model = md.load_model(os.path.join(os.path.dirname(__file__), "..", "specs", "gemma3.yaml"),
                           _gguf_path())
+    peak["load"] = _peak_mb()
     session, tok = model.session, model.tokenizer
     ids = tok.encode(PROMPT, add_bos=True)[:N_PROMPT]
     first = generate_ids(session, tok, ids[:8], 1, Sampler())
     t_first = time.perf_counter() - t_start  # start-up to the first generated token
+    peak["first"] = _peak_mb()
     res = generate_ids(session, tok, ids, N_GEN, Sampler(), stop_ids=())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak["generate"] = rss = _peak_mb()
     return {"prefill_tps": res.prefill_tps, "decode_tps": res.decode_tps,
             "first_token_s": t_first, "ids": res.ids, "first": first.ids, "rss_mb": rss,
+            **{f"rss_{k}": v for k, v in peak.items()},
             **_batched(model, ids), **_lookup(model, tok, ids)}
 
 
@@ -93,28 +113,32 @@ def _lookup(model, tok, ids) -> dict:
 
 
 def worker_llama(threads: int) -> dict:
+    import numpy as np
     from llama_cpp import Llama
 
+    peak = {"imports": _peak_mb()}
     llm = Llama(model_path=str(_gguf_path()), n_threads=threads, n_threads_batch=threads,
                 n_ctx=512, n_batch=512, verbose=False)
+    peak["load"] = _peak_mb()
     ids = llm.tokenize(PROMPT.encode(), add_bos=True)[:N_PROMPT]
+    n_vocab = llm.n_vocab()
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(ids)
     t1 = time.perf_counter()
     out = []
-    import numpy as np
-
-    n_vocab = llm.n_vocab()
-    for _ in range(N_GEN):
+    for k in range(N_GEN):
         # logits of the last evaluated token (only that row is computed)
         last = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
         tok = int(last.argmax())
         out.append(tok)
+        if k == 0:
+            peak["first"] = _peak_mb()      # the first token comes from the prefill
         llm.eval([tok])
     t2 = time.perf_counter()
+    peak["generate"] = _peak_mb()
     return {"prefill_tps": len(ids) / (t1 - t0), "decode_tps": N_GEN / (t2 - t1), "ids": out,
-            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "rss_mb": peak["generate"], **{f"rss_{k}": v for k, v in peak.items()}}
 
 
 def _spawn(engine: str, threads: int, env=None) -> dict:
@@ -125,19 +149,28 @@ def _spawn(engine: str, threads: int, env=None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _cli_first_token(threads: int, runs: int) -> list[float]:
-    """Wall seconds of the README's command generating one token, whole process."""
+def _cli_first_token(threads: int, runs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and peak RSS (MB) of the README's command generating one token,
+    whole process."""
     spec = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "specs", "gemma3.yaml")
     cmd = [sys.executable, "-m", "maxdecl", "run", spec, "--prompt", "Once upon a time",
            "--max-new-tokens", "1"]
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
     subprocess.run(cmd, capture_output=True, env=env, check=True)      # fill the cache
-    times = []
+    times, peaks = [], []
     for _ in range(runs):
-        t = time.perf_counter()
-        subprocess.run(cmd, capture_output=True, env=env, check=True)
-        times.append(time.perf_counter() - t)
-    return times
+        with tempfile.TemporaryFile() as err:
+            t = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+            _, status, usage = os.wait4(proc.pid, 0)     # this child's own peak RSS
+            times.append(time.perf_counter() - t)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode:
+                err.seek(0)
+                raise SystemExit("maxdecl run failed:\n"
+                                 + err.read().decode(errors="replace")[-3000:])
+        peaks.append(usage.ru_maxrss / 1024)
+    return times, peaks
 
 
 def main() -> None:
@@ -150,7 +183,7 @@ def main() -> None:
         fn = worker_maxdecl if a.worker == "maxdecl" else worker_llama
         print(json.dumps(fn(a.threads)))
         return
-    cli = _cli_first_token(a.threads, max(3, a.runs))
+    cli, cli_rss = _cli_first_token(a.threads, max(3, a.runs))
     cold_env = dict(os.environ, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="numba-cold-"))
     cold = _spawn("maxdecl", a.threads, cold_env)
     runs = {"maxdecl": [], "llama.cpp": []}
@@ -174,6 +207,11 @@ def main() -> None:
         m, l = med("maxdecl", key), med("llama.cpp", key)
         spread = [round(r[key], 1) for r in runs["maxdecl"]]
         print(f"  {label:<17} maxdecl {m:8.1f} {spread}  llama.cpp {l:8.1f}  ratio {m / l:5.2f}x")
+    print("  peak RSS MB after   " + "".join(f"{label:>13}" for _, label in PHASES))
+    for engine in runs:
+        print(f"    {engine:<16}" + "".join(f"{med(engine, f'rss_{k}'):13.1f}" for k, _ in PHASES))
+    m, l = med("maxdecl", "rss_mb"), med("llama.cpp", "rss_mb")
+    print(f"  peak RSS: maxdecl {m:.1f} MB = {m / l:.2f}x llama.cpp's {l:.1f} MB (target <= 1.10x)")
     b, l1 = med("maxdecl", "batch_decode_tps"), med("llama.cpp", "decode_tps")
     print(f"  {N_BATCH} prompts decoding together: {b:.1f} tokens/s in all "
           f"({b / med('maxdecl', 'decode_tps'):.2f}x maxdecl's one stream, "
@@ -186,7 +224,8 @@ def main() -> None:
     print(f"  start-up to first token: warm cache {med('maxdecl', 'first_token_s'):.2f} s, "
           f"cold cache {cold['first_token_s']:.2f} s")
     print(f"  `maxdecl run specs/gemma3.yaml --max-new-tokens 1` wall time, process start to "
-          f"exit (warm cache): median {statistics.median(cli):.2f} s {[round(t, 2) for t in cli]}")
+          f"exit (warm cache): median {statistics.median(cli):.2f} s {[round(t, 2) for t in cli]} "
+          f"(target <= 0.80 s); peak RSS {statistics.median(cli_rss):.1f} MB")
     if runs["llama.cpp"]:
         a_ids, b_ids = runs["maxdecl"][0]["ids"], runs["llama.cpp"][0]["ids"]
         same = next((i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), len(a_ids))

@@ -108,7 +108,9 @@ def save(td, path, *, tokenizer=None, params=None) -> None:
 
 
 def _jsonable(v):
-    if isinstance(v, np.ndarray):
+    from .weights.strings import StringArray
+
+    if isinstance(v, (np.ndarray, StringArray)):      # StringArray: a GGUF's string arrays
         return v.tolist()
     if isinstance(v, np.generic):
         return v.item()

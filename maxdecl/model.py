@@ -244,10 +244,7 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     """
     from .builder import build
     from .pipelines.model_loading import open_weights
-    from .pipelines.tokenizer_embed import load_tokenizer
-    from .pipelines.tokenizer_bytes import ByteTokenizer
     from .spec import Spec, load_spec
-    from .weights.random import program_weights
     from .weights.sources import default_weights
 
     checks.check_spec_arg(spec)
@@ -260,6 +257,9 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     if weights is None:
         weights = default_weights(spec.name, spec.file)
     if weights is None:
+        from .pipelines.tokenizer_bytes import ByteTokenizer
+        from .weights.random import program_weights
+
         name = variant or ("tiny" if "tiny" in spec.variants else spec.variant)
         spec = spec.with_variant(name)
         prog = spec.program(name)
@@ -282,6 +282,8 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     full = dict(spec.program(spec.variant, params, check_encodings=False).params)
     if tokenizer is not None:
         if isinstance(tokenizer, (str, os.PathLike)):
+            from .pipelines.tokenizer_embed import load_tokenizer
+
             tok, tok_source = load_tokenizer(tokenizer), os.fspath(tokenizer)
         else:
             tok, tok_source = tokenizer, "the tokenizer= argument"

@@ -18,12 +18,13 @@ def tokenizer_for(path: str, meta: dict):
     checkpoint's metadata, or a tokenizer.json / tokenizer.bin / tokenizer.gguf beside
     them), or None."""
     from .tokenizer import load_gguf_tokenizer, load_tokenizer
-    from .tokenizer_embed import tokenizer_from_metadata
 
     if meta.get("maxdecl.format") == "gguf":
         if "tokenizer.ggml.tokens" not in meta:
             return None          # a GGUF of weights only
         return load_gguf_tokenizer(path, meta)
+    from .tokenizer_embed import tokenizer_from_metadata
+
     if (embedded := tokenizer_from_metadata(meta, path)) is not None:   # a checkpoint's own
         return embedded
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))

@@ -7,11 +7,12 @@ Conventions (BOS, control tokens, decoding) are documented in ``tokenizer.py``.
 from __future__ import annotations
 
 import codecs
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import MaxdeclError
+from ..errors import MaxdeclError, WeightsError
 
 # GGUF / llama.cpp token types (tokenizer.ggml.token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -41,16 +42,24 @@ class Tokenizer:
                bos_id: int | None, eos_id: int | None, add_bos: bool, add_eos: bool,
                add_space_prefix: bool, extra_eos: Iterable[int] = (),
                parse_specials: bool = True) -> None:
-        """Store the fields every vocabulary tokenizer has (called by subclasses)."""
+        """Store the fields every vocabulary tokenizer has (called by subclasses).
+
+        The vocabulary is kept as arrays (``tokens``: a StringArray, ``token_types``:
+        int32 ``array``, ``piece_to_id``: a VocabIndex), not one object per token."""
+        from ..weights.strings import StringArray
+        from .tokenizer_vocab import VocabIndex
+
+        try:
+            tokens = StringArray.from_strings(tokens)
+        except UnicodeEncodeError as e:
+            raise WeightsError(f"tokenizer: a token is not text read from bytes: {e}") from None
         self.tokens = tokens                      # id -> token text as stored
-        types = np.asarray(token_types, dtype=np.int32)
-        self.token_types = types.tolist()         # id -> NORMAL..BYTE
+        types = np.ascontiguousarray(token_types, dtype=np.int32)
+        if types.shape != (len(tokens),):
+            raise WeightsError(f"tokenizer: {types.size} token types for {len(tokens)} tokens")
+        self.token_types = array("i", types.tobytes())   # id -> NORMAL..BYTE
         self.vocab_size = len(tokens)
-        self.piece_to_id = dict(zip(tokens, range(len(tokens))))
-        if len(self.piece_to_id) != len(tokens):  # duplicates: the first id wins (as llama.cpp)
-            self.piece_to_id = {}
-            for i, t in enumerate(tokens):
-                self.piece_to_id.setdefault(t, i)
+        self.piece_to_id = VocabIndex(tokens)     # text -> first id (as llama.cpp)
         self.bos_id, self.eos_id = _valid_id(bos_id, tokens), _valid_id(eos_id, tokens)
         self.add_bos, self.add_eos = add_bos, add_eos
         self.add_space_prefix = add_space_prefix

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,11 @@ class SpmTokenizer(Tokenizer):
         self._setup(tokens, token_types, bos_id=bos_id, eos_id=eos_id, add_bos=add_bos,
                     add_eos=add_eos, add_space_prefix=add_space_prefix, extra_eos=extra_eos,
                     parse_specials=parse_specials)
-        self.scores = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
+        # merge priority per id, as an array: float32 scores kept float32, others as float
+        if isinstance(scores, np.ndarray) and scores.dtype == np.float32:
+            self.scores = array("f", np.ascontiguousarray(scores).tobytes())
+        else:
+            self.scores = array("d", np.asarray(scores, dtype=np.float64).tobytes())
         self.space = space
         self.unk_id = unk_id
         if byte_offset is not None:

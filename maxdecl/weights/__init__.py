@@ -22,13 +22,27 @@ import os
 from ..errors import WeightsError
 from ..tensors import TensorDict
 from .gguf import load_gguf, read_gguf_metadata
-from .hf import load_hf, load_safetensors, read_hf_config
-from .llama2c import load_llama2c, read_llama2c_header
-from .mapping import compute_tensors, permute_qk, remap
 
 __all__ = ["load_weights", "detect_format", "load_gguf", "read_gguf_metadata", "load_hf",
            "load_safetensors", "read_hf_config", "load_llama2c", "read_llama2c_header",
            "remap", "permute_qk", "compute_tensors"]
+
+# Imported when first used: a GGUF run needs none of them.
+_LAZY = {"load_hf": "hf", "load_safetensors": "hf", "read_hf_config": "hf",
+         "load_llama2c": "llama2c", "read_llama2c_header": "llama2c",
+         "remap": "mapping", "permute_qk": "mapping", "compute_tensors": "mapping"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 _TRIED = ("GGUF (magic 'GGUF'), safetensors (header length + JSON), llama2.c v1/v2 "
           "(magic 'ak42'), legacy llama2.c (plausible header and exact size), "
@@ -42,8 +56,6 @@ def detect_format(path) -> str:
         WeightsError: missing path, or content none of the formats matches
             (the message lists what was tried).
     """
-    from . import llama2c, safetensors_io
-
     path = os.fspath(path)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
@@ -60,6 +72,8 @@ def detect_format(path) -> str:
         raise WeightsError(f"{path}: cannot read: {e.strerror or e}") from None
     if head[:4] == b"GGUF":
         return "gguf"
+    from . import llama2c, safetensors_io
+
     if head[:4] == llama2c.MAGIC_BYTES:
         return "llama2c"
     if llama2c.looks_like_legacy(head, size):   # exact size: checked before the looser test
@@ -76,8 +90,16 @@ def detect_format(path) -> str:
                        f"{_TRIED})")
 
 
-_LOADERS = {"gguf": load_gguf, "safetensors": load_safetensors, "llama2c": load_llama2c,
-            "hf": load_hf}
+_LOADERS = {"gguf": "load_gguf", "safetensors": "load_safetensors", "llama2c": "load_llama2c",
+            "hf": "load_hf"}
+
+
+def _loader(fmt: str):
+    """The loader function of a format (imported on first use)."""
+    name = _LOADERS[fmt]
+    return globals().get(name) or __getattr__(name)
+
+
 
 
 def load_weights(path, spec=None, variant: str | None = None) -> TensorDict:
@@ -106,5 +128,5 @@ def load_weights(path, spec=None, variant: str | None = None) -> TensorDict:
     if spec is not None:
         from .for_spec import load_for_spec
 
-        return load_for_spec(_LOADERS[detect_format(path)](path), spec, variant)
-    return _LOADERS[detect_format(path)](path)
+        return load_for_spec(_loader(detect_format(path))(path), spec, variant)
+    return _loader(detect_format(path))(path)

@@ -16,6 +16,8 @@ import json
 
 import numpy as np
 
+from .strings import StringArray
+
 __all__ = ["metadata_lines", "summarize"]
 
 _SHOW_ITEMS = 3       # array items shown
@@ -26,6 +28,8 @@ def summarize(value) -> str:
     """One short line for a metadata value."""
     if isinstance(value, np.ndarray):
         return _array(value.tolist(), value.dtype.name)
+    if isinstance(value, StringArray):
+        return _array(value[:_SHOW_ITEMS] if len(value) > 8 else list(value), "str", len(value))
     if isinstance(value, (list, tuple)):
         kind = type(value[0]).__name__ if value else "?"
         return _array(list(value), kind)
@@ -38,11 +42,12 @@ def summarize(value) -> str:
     return repr(value)
 
 
-def _array(items: list, kind: str) -> str:
-    if len(items) <= 8:
+def _array(items: list, kind: str, n: int | None = None) -> str:
+    n = len(items) if n is None else n
+    if n <= 8:
         return _cut(repr(items))
     head = ", ".join(_cut(repr(x), 40) for x in items[:_SHOW_ITEMS])
-    return f"[{len(items)} x {kind}] [{head}, ...]"
+    return f"[{n} x {kind}] [{head}, ...]"
 
 
 def _cut(text: str, n: int = _MAX_CHARS) -> str:

@@ -17,7 +17,7 @@ from ..errors import WeightsError
 from ..spec import Spec, load_spec
 from ..spec.expr import ExprError, evaluate, is_template, split_template
 from ..tensors import TensorDict
-from .mapping import compute_tensors, remap
+from .strings import StringArray
 
 __all__ = ["load_for_spec", "params_from_metadata", "prepare_weights"]
 
@@ -47,7 +47,8 @@ def params_from_metadata(spec, meta: dict) -> dict:
                 k = str(k).replace("{arch}", str(arch))
                 if k in meta:
                     v = meta[k]
-                    out[name] = len(v) if isinstance(v, (list, tuple, np.ndarray)) else v
+                    out[name] = len(v) if isinstance(v, (list, tuple, np.ndarray, StringArray)) \
+                        else v
                     break
         if "vocab" in spec.params and "vocab" not in out and "tokenizer.ggml.tokens" in meta:
             out["vocab"] = len(meta["tokenizer.ggml.tokens"])
@@ -101,6 +102,8 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
     computed = section.get("computed") if isinstance(section.get("computed"), dict) else None
     if not (mapped or computed):
         return weights
+    from .mapping import compute_tensors, remap
+
     prog = spec.program(spec.variant, params, check_encodings=False)
     full = dict(prog.params)                # derived params follow the weights' own
     extra = compute_tensors(computed, full, {w.name: w.shape for w in prog.weights})

@@ -23,13 +23,14 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from array import array
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import MaxdeclError, QuantizationError, WeightsError
 from ..tensors import QuantizedTensor, TensorDict
 from ._checks import check_shape
+from .strings import StringArray
 
 __all__ = ["load_gguf", "read_gguf_metadata", "GGUF_MAGIC"]
 
@@ -41,22 +42,42 @@ _DEFAULT_ALIGNMENT = 32
 _MAX_ITEMS = 1 << 22      # strings or arrays in one metadata array (vocabularies: ~262k)
 _MAX_STRING = 1 << 24     # bytes of one string (chat templates: ~10 KB)
 
+# GGUF value types (gguf.md) and GGML tensor types, the numbers of gguf-py's GGUFValueType,
+# GGMLQuantizationType and GGML_QUANT_SIZES (tests/weights compares them): reading a GGUF
+# does not import gguf-py, whose package import loads its writer, vocab and sentencepiece
+# (~30 ms and a few MB of every `maxdecl run`). Other GGML types are looked up there.
+_STRING, _ARRAY, _N_VALUE_TYPES = 8, 9, 13
 # Scalar value types: struct code (little-endian).
-_SCALARS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT32: "f", GGUFValueType.FLOAT64: "d",
-    GGUFValueType.BOOL: "?",
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}
+# GGML type -> (name, elements per block, bytes per block).
+_GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
+    28: ("F64", 1, 8), 30: ("BF16", 1, 2),
 }
 # Plain element types stored as arrays of their own dtype.
 _ARRAY_TYPES = {
-    GGMLQuantizationType.F32: np.dtype("<f4"), GGMLQuantizationType.F16: np.dtype("<f2"),
-    GGMLQuantizationType.F64: np.dtype("<f8"),
-    GGMLQuantizationType.I8: np.dtype("i1"), GGMLQuantizationType.I16: np.dtype("<i2"),
-    GGMLQuantizationType.I32: np.dtype("<i4"), GGMLQuantizationType.I64: np.dtype("<i8"),
+    0: np.dtype("<f4"), 1: np.dtype("<f2"), 28: np.dtype("<f8"),
+    24: np.dtype("i1"), 25: np.dtype("<i2"), 26: np.dtype("<i4"), 27: np.dtype("<i8"),
 }
+
+
+def _ggml_type(gtype: int) -> tuple[str, int, int] | None:
+    """(name, block elements, block bytes) of a GGML type number, or None if unknown."""
+    known = _GGML_TYPES.get(gtype)
+    if known is not None:
+        return known
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        t = GGMLQuantizationType(gtype)
+    except ValueError:
+        return None
+    return (t.name, *GGML_QUANT_SIZES[t])
 
 
 class _Header:
@@ -104,21 +125,19 @@ class _Cursor:
             self.fail(f"corrupted GGUF: {what} is not valid UTF-8")
 
     def value(self, vtype: int, what: str, depth: int = 0):
-        try:
-            vtype = GGUFValueType(vtype)
-        except ValueError:
+        if not 0 <= vtype < _N_VALUE_TYPES:
             self.fail(f"corrupted GGUF: {what} has unknown value type {vtype}")
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype], what)
-        if vtype == GGUFValueType.STRING:
+        if vtype == _STRING:
             return self.string(what, strict=False)
         # ARRAY: u32 item type, u64 count, items
         if depth >= _MAX_NESTING:
             self.fail(f"corrupted GGUF: {what} nests arrays more than {_MAX_NESTING} deep")
         itype = self.scalar("I", what)
         count = self.scalar("Q", what)
-        if itype in _SCALARS.keys():
-            code = _SCALARS[GGUFValueType(itype)]
+        if itype in _SCALARS:
+            code = _SCALARS[itype]
             n = struct.calcsize("<" + code)
             self.need(count * n, f"{what} ({count} items)")
             dt = np.dtype("?" if code == "?" else "<" + code)
@@ -130,16 +149,16 @@ class _Cursor:
         if count > _MAX_ITEMS:
             self.fail(f"corrupted GGUF: {what} holds {count:,} strings or arrays, over the "
                       f"limit of {_MAX_ITEMS:,}")
-        if itype == GGUFValueType.STRING:
+        if itype == _STRING:
             return self._strings(count, what)
         return [self.value(itype, what, depth + 1) for _ in range(count)]
 
-    def _strings(self, count: int, what: str) -> list[str]:
+    def _strings(self, count: int, what: str) -> StringArray:
+        """``count`` length-prefixed strings as one StringArray (no object per item)."""
         buf, unpack, size = self.buf, struct.Struct("<Q").unpack_from, self.size
-        pos = self.pos
-        out = []
-        append = out.append
-        for _ in range(count):
+        first = pos = self.pos
+        starts = array("q", bytes(8 * count))
+        for k in range(count):
             if pos + 8 > size:
                 self.pos = pos
                 self.need(8, what)
@@ -150,10 +169,20 @@ class _Cursor:
                 self.need(n, what)
                 self.fail(f"corrupted GGUF: {what} holds a string of {n:,} bytes, over the "
                           f"limit of {_MAX_STRING:,}")
-            append(buf[pos:pos + n].decode("utf-8", "surrogateescape"))
+            starts[k] = pos
             pos += n
         self.pos = pos
-        return out
+        begin = np.frombuffer(starts, np.int64)
+        region = np.frombuffer(buf, np.uint8, pos - first, first)
+        keep = np.ones(region.size, bool)         # every byte but the u64 length prefixes
+        prefix = begin - 8 - first
+        for b in range(8):
+            keep[prefix + b] = False
+        offsets = np.zeros(count + 1, np.int64)
+        np.cumsum(np.diff(np.append(begin, pos + 8)) - 8, out=offsets[1:])
+        blob = region[keep].tobytes()
+        del region
+        return StringArray(blob, offsets)
 
 
 def _open(path: str):
@@ -227,7 +256,8 @@ def read_gguf_metadata(path) -> dict:
     """The key/value metadata of a GGUF file, without touching its tensors.
 
     Values are Python scalars (int, float, bool, str), NumPy arrays for numeric
-    arrays (e.g. ``tokenizer.ggml.scores``), lists of str for string arrays
+    arrays (e.g. ``tokenizer.ggml.scores``), a ``StringArray`` (a read-only sequence
+    of str, equal to the list of its items) for string arrays
     (``tokenizer.ggml.tokens``) and lists for nested arrays.
 
     Example::
@@ -261,6 +291,7 @@ def load_gguf(path) -> TensorDict:
     path = os.fspath(path)
     buf, size = _open(path)
     header = _parse(path, buf, size)
+    _release_header(buf, header.data_start)
     metadata = header.metadata
     metadata["maxdecl.format"] = "gguf"
     td = TensorDict(metadata=metadata)
@@ -269,11 +300,22 @@ def load_gguf(path) -> TensorDict:
     return td
 
 
+def _release_header(buf, data_start: int) -> None:
+    """Drop the parsed header's pages (a vocabulary: ~6 MB) from this process's resident
+    memory: everything read from them was copied, and the mapping stays valid (pages
+    fault back in from the page cache if touched)."""
+    end = data_start - data_start % mmap.PAGESIZE
+    if end > 0 and isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            buf.madvise(mmap.MADV_DONTNEED, 0, end)
+        except OSError:
+            pass
+
+
 def _tensor(path, buf, size, header, name, ne, gtype, offset):
     where = f"{path}: tensor {name!r}"
-    try:
-        gtype = GGMLQuantizationType(gtype)
-    except ValueError:
+    info = _ggml_type(gtype)
+    if info is None:
         raise WeightsError(f"{where}: unknown GGML type {gtype}") from None
     if offset % header.alignment:
         raise WeightsError(f"{where}: offset {offset} is not a multiple of the alignment "
@@ -291,10 +333,10 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
         check_shape(where, shape, dt.itemsize)      # a zero dim may hide a huge one
         return np.frombuffer(buf, dt, n_elements, start).reshape(shape)
 
-    enc = _encoding(where, gtype)
-    block_elements, block_bytes = GGML_QUANT_SIZES[gtype]
+    gname, block_elements, block_bytes = info
+    enc = _encoding(where, gname, (block_elements, block_bytes))
     if ne[0] % block_elements:
-        raise WeightsError(f"{where}: {gtype.name} row length {ne[0]} is not a multiple of "
+        raise WeightsError(f"{where}: {gname} row length {ne[0]} is not a multiple of "
                            f"the block size {block_elements}: corrupted file")
     row_bytes = ne[0] // block_elements * block_bytes
     nbytes = n_elements // block_elements * block_bytes
@@ -307,22 +349,25 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
         raise WeightsError(f"{where}: {e}") from None
 
 
-def _encoding(where: str, gtype: GGMLQuantizationType) -> str:
-    """The registered encoding for a GGML block type, checked against GGML's block sizes."""
+def _encoding(where: str, gname: str, sizes: tuple[int, int]) -> str:
+    """The registered encoding for a GGML block type (its name and (block elements, block
+    bytes)), checked against GGML's block sizes."""
     from .. import codecs
 
-    name = gtype.name.lower()
+    name = gname.lower()
     try:
         enc = codecs.get(name)
     except QuantizationError:
+        from gguf.constants import GGMLQuantizationType
+
         supported = sorted(t.name for t in GGMLQuantizationType
                            if t in _ARRAY_TYPES or t.name.lower() in codecs.names())
-        raise WeightsError(f"{where}: GGML type {gtype.name} is not supported "
+        raise WeightsError(f"{where}: GGML type {gname} is not supported "
                            f"(supported: {', '.join(supported)})") from None
-    if (int(enc.block_elements), int(enc.block_bytes)) != tuple(GGML_QUANT_SIZES[gtype]):
+    if (int(enc.block_elements), int(enc.block_bytes)) != tuple(sizes):
         raise WeightsError(
             f"{where}: encoding {name!r} has blocks of {enc.block_elements} elements / "
-            f"{enc.block_bytes} bytes but GGML {gtype.name} uses {GGML_QUANT_SIZES[gtype]}")
+            f"{enc.block_bytes} bytes but GGML {gname} uses {tuple(sizes)}")
     return name
 
 

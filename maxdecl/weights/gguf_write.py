@@ -29,6 +29,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor
+from .strings import StringArray
 
 __all__ = ["write_gguf", "ggml_type", "value_type", "LLAMA_FILE_TYPES"]
 
@@ -64,8 +65,8 @@ def value_type(key: str, value) -> tuple:
         return V.ARRAY, _NUMPY[value.dtype.newbyteorder("<")]
     if isinstance(value, np.generic):
         return _NUMPY[value.dtype.newbyteorder("<")], None
-    if isinstance(value, (list, tuple)):
-        if not value:
+    if isinstance(value, (list, tuple, StringArray)):
+        if not len(value):
             raise WeightsError(f"metadata {key!r}: GGUF cannot store an empty array")
         return V.ARRAY, value_type("", value[0])[0]
     return _scalar_type(key, value), None
@@ -92,6 +93,8 @@ def _packable(value, vtype, sub):
     if vtype == V.STRING:
         return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
     if vtype == V.ARRAY:
+        if isinstance(value, StringArray) and sub == V.STRING:    # the stored bytes
+            return [value.item_bytes(i) for i in range(len(value))]
         items = value.tolist() if isinstance(value, np.ndarray) else list(value)
         if sub == V.STRING:
             return [s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s

@@ -272,3 +272,44 @@ def test_gemma3_truncated(gemma_path, tmp_path):
         with pytest.raises(WeightsError, match="truncated") as e:
             md.load_weights(cut)
         assert str(cut) in str(e.value)
+
+
+def test_local_type_tables_match_gguf_py():
+    """gguf.py's own value and GGML type numbers (kept so that reading a GGUF does not
+    import gguf-py) equal gguf-py's."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+    from maxdecl.weights import gguf as g
+
+    assert (g._STRING, g._ARRAY) == (GGUFValueType.STRING, GGUFValueType.ARRAY)
+    assert g._N_VALUE_TYPES == len(GGUFValueType)
+    for t, code in g._SCALARS.items():
+        assert np.dtype("<" + code).itemsize == {
+            "UINT8": 1, "INT8": 1, "BOOL": 1, "UINT16": 2, "INT16": 2, "UINT32": 4,
+            "INT32": 4, "FLOAT32": 4, "UINT64": 8, "INT64": 8, "FLOAT64": 8}[GGUFValueType(t).name]
+    for t, (name, elements, nbytes) in g._GGML_TYPES.items():
+        assert GGMLQuantizationType(t).name == name
+        assert GGML_QUANT_SIZES[GGMLQuantizationType(t)] == (elements, nbytes)
+    for t in GGMLQuantizationType:                    # the others come from gguf-py
+        assert g._ggml_type(int(t)) == (t.name, *GGML_QUANT_SIZES[t])
+    assert g._ggml_type(9999) is None
+
+
+def test_reading_a_gguf_does_not_import_gguf_py(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list(["a", "b"])
+    w.add_tensor("a.weight", np.ones((2, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code = ("import sys, maxdecl.weights as w; td = w.load_weights(sys.argv[1]); "
+            "assert list(td.metadata['tokenizer.ggml.tokens']) == ['a', 'b']; "
+            "print('gguf' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "False"
