@@ -1,12 +1,27 @@
 """Tiled GEMM for ``x @ dequantize(W).T`` on packed GGML blocks, M > 16 rows (prefill).
 
-In one parallel region, each thread decodes 16 weight rows at a time into a small float32
-buffer (exact: ``block_rows._decode_row``, equal to gguf-py's ``dequantize`` bit for bit)
-and multiplies them against x, packed once into transposed panels, with a 4 x 16
-outer-product micro-kernel in LLVM vector IR.
+Compute-bound. In one parallel region (one fork/join per call), each thread decodes
+``RB`` weight rows at a time into a small float32 buffer (exact: ``block_rows._decode_row``,
+equal to gguf-py's ``dequantize`` bit for bit) and multiplies them against x, packed once
+per call into transposed panels of ``2 * lanes`` rows, with an outer-product
+micro-kernel written in LLVM vector IR: for every k, ``MR`` decoded weights are
+broadcast against the two ``<lanes x float>`` vectors of the panel, into ``2 * MR``
+register accumulators.
+
+* ``lanes=16`` (AVX-512: 32 zmm registers, 2 x 512-bit FMA on Zen 5): an 8 x 32 tile,
+  16 accumulators.
+* ``lanes=8`` (AVX2: 16 ymm registers): a 4 x 16 tile, 8 accumulators.
+
+K is walked in slices of ``_KC``: each slice's products are summed in registers on
+their own and then added to the tile (rounding stays ~3e-7 relative), and inside one
+decoded chunk the slice loop runs outside the tile loop, so a panel slice
+(``_KC * 2 * lanes`` floats) and the chunk's weight slice stay in L1 while every tile
+of the chunk uses them.
 """
 
 from __future__ import annotations
+
+import types as pytypes
 
 import numba
 import numpy as np
@@ -17,17 +32,19 @@ from numba.extending import intrinsic
 
 from .block_rows import _decode_row
 from .config import CACHE, FASTMATH
-from .gemv import _FM, _IR_I64, _V8F, _ir_const, _ir_splat
+from .gemv import _target_has
 
-
-# -- GEMM (M > 1): x is packed once per call into panels of 16 rows, transposed
-# (xp[p, k, j] = x[16p + j, k]); each thread decodes 16 weight rows at a time and runs
-# an outer-product micro-kernel: for every k, four decoded weights broadcast against
-# one or two 8-lane vectors of the panel, into 8 register accumulators (4 rows x 16).
-# Measured against the previous kernel (2 x 4 dot products along K), same run:
-# 1.2x-1.7x at Gemma 3 270M prefill shapes (M=128) and 1.6x at 4096 x 4096, M=64.
-_RB = 16    # weight rows decoded per step
 _KC = 128   # K slice summed on its own and then added: rounding stays ~3e-7 relative
+# The decoded rows' stride is K + _PAD floats: at K = 1024 or 2048 a stride of a multiple
+# of 4 KiB puts every row's slice into the same L1 sets (measured 2.5x slower at K = 2048).
+_PAD = 16
+_FM = tuple(sorted(FASTMATH))
+_I64 = ir.IntType(64)
+_I32 = ir.IntType(32)
+_F32 = ir.FloatType()
+
+# lanes -> (MR weight rows per tile, RB weight rows decoded per chunk)
+_SHAPES = {16: (8, 32), 8: (4, 16)}
 
 
 def _f32_matrix(t) -> bool:
@@ -35,9 +52,20 @@ def _f32_matrix(t) -> bool:
             and t.dtype == types.float32)
 
 
-def _micro_intrinsic(nvec):
-    """An intrinsic ``(a, r, b, c, k0, k1)``: ``c[i, :8 * nvec] += sum over k0 <= k < k1 of
-    a[r + i, k] * b[k, :8 * nvec]`` for i < 4; a (R, K), b (K, 16) and c (4, 16) float32."""
+def _const(v):
+    return ir.Constant(_I64, v)
+
+
+def _micro_intrinsic(lanes, mr, nvec):
+    """An intrinsic ``(a, r, b, c, k0, k1)``: ``c[r + i, :lanes * nvec] += sum over
+    k0 <= k < k1 of a[r + i, k] * b[k, :lanes * nvec]`` for i < mr; a (R, K), b (K, PW),
+    c (R, PW) float32, PW >= lanes * nvec (the row stride of b and c)."""
+    vt = ir.VectorType(_F32, lanes)
+    mask = ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
+
+    def splat(builder, v):
+        u = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(u, ir.Constant(vt, ir.Undefined), mask)
 
     def typer(typingctx, a, r, b, c, k0, k1):
         if not (_f32_matrix(a) and _f32_matrix(b) and _f32_matrix(c)
@@ -50,27 +78,27 @@ def _micro_intrinsic(nvec):
             r, k0, k1 = (context.cast(builder, args[i], sig.args[i], types.intp)
                          for i in (1, 4, 5))
             lda = cgutils.unpack_tuple(builder, aa.shape)[1]
-            rows = [builder.gep(aa.data, [builder.mul(builder.add(r, _ir_const(_IR_I64, i)),
-                                                      lda)]) for i in range(4)]
-            zero = ir.Constant(_V8F, None)
+            ldb = cgutils.unpack_tuple(builder, ba.shape)[1]
+            rows = [builder.gep(aa.data, [builder.mul(builder.add(r, _const(i)), lda)])
+                    for i in range(mr)]
+            zero = ir.Constant(vt, None)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nvec)]
-                    for _ in range(4)]
-            one = _ir_const(_IR_I64, 1)
-            with cgutils.for_range_slice(builder, k0, k1, one) as (k, _):
-                bk = builder.gep(ba.data, [builder.mul(k, _ir_const(_IR_I64, 16))])
-                bv = [builder.load(builder.bitcast(builder.gep(bk, [_ir_const(_IR_I64, 8 * j)]),
-                                                   _V8F.as_pointer()), align=4)
+                    for _ in range(mr)]
+            with cgutils.for_range_slice(builder, k0, k1, _const(1)) as (k, _):
+                bk = builder.gep(ba.data, [builder.mul(k, ldb)])
+                bv = [builder.load(builder.bitcast(builder.gep(bk, [_const(lanes * j)]),
+                                                   vt.as_pointer()), align=4)
                       for j in range(nvec)]
-                for i in range(4):
-                    av = _ir_splat(builder, builder.load(builder.gep(rows[i], [k]), align=4))
+                for i in range(mr):
+                    av = splat(builder, builder.load(builder.gep(rows[i], [k]), align=4))
                     for j in range(nvec):
                         acc = accs[i][j]
                         prod = builder.fmul(av, bv[j], flags=_FM)
                         builder.store(builder.fadd(builder.load(acc), prod, flags=_FM), acc)
-            for i in range(4):
+            for i in range(mr):
+                ci = builder.gep(ca.data, [builder.mul(builder.add(r, _const(i)), ldb)])
                 for j in range(nvec):
-                    p = builder.bitcast(builder.gep(ca.data, [_ir_const(_IR_I64, 16 * i + 8 * j)]),
-                                        _V8F.as_pointer())
+                    p = builder.bitcast(builder.gep(ci, [_const(lanes * j)]), vt.as_pointer())
                     builder.store(builder.fadd(builder.load(p, align=4), builder.load(accs[i][j]),
                                                flags=_FM), p, align=4)
             return context.get_dummy_value()
@@ -80,55 +108,149 @@ def _micro_intrinsic(nvec):
     return intrinsic(typer)
 
 
-_micro_4x16 = _micro_intrinsic(2)
-_micro_4x8 = _micro_intrinsic(1)
+def _transpose_intrinsic(lanes):
+    """An intrinsic ``(src, sr, sc, dst, dr, dc)``: ``dst[dr + a, dc + b] = src[sr + b, sc + a]``
+    for a, b < lanes; src, dst 2-D C float32. Rows are loaded and stored whole as
+    ``<lanes x float>`` and transposed in registers by log2(lanes) rounds of interleaves
+    (row i with row i + lanes/2), so each cache line is touched once: element-wise
+    loops re-read lines that 4 KiB-strided rows (K = 1024, 2048) evict from L1 (measured
+    ~2.3 cycles per element for a 128 x 2048 panel pack)."""
+    vt = ir.VectorType(_F32, lanes)
+    lo = ir.Constant(ir.VectorType(_I32, lanes), [v for i in range(lanes // 2) for v in (i, i + lanes)])
+    hi = ir.Constant(ir.VectorType(_I32, lanes),
+                     [v for i in range(lanes // 2, lanes) for v in (i, i + lanes)])
+
+    def typer(typingctx, src, sr, sc, dst, dr, dc):
+        if not (_f32_matrix(src) and _f32_matrix(dst)
+                and all(isinstance(t, types.Integer) for t in (sr, sc, dr, dc))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            sa, da = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 3))
+            sr, sc, dr, dc = (context.cast(builder, args[i], sig.args[i], types.intp)
+                              for i in (1, 2, 4, 5))
+            lds = cgutils.unpack_tuple(builder, sa.shape)[1]
+            ldd = cgutils.unpack_tuple(builder, da.shape)[1]
+
+            def ptr(arr, ld, r, c, i):
+                off = builder.add(builder.mul(builder.add(r, _const(i)), ld), c)
+                return builder.bitcast(builder.gep(arr.data, [off]), vt.as_pointer())
+
+            rows = [builder.load(ptr(sa, lds, sr, sc, i), align=4) for i in range(lanes)]
+            for _ in range(lanes.bit_length() - 1):
+                half = lanes // 2
+                nxt = []
+                for i in range(half):
+                    nxt += [builder.shuffle_vector(rows[i], rows[i + half], lo),
+                            builder.shuffle_vector(rows[i], rows[i + half], hi)]
+                rows = nxt
+            for i in range(lanes):
+                builder.store(rows[i], ptr(da, ldd, dr, dc, i), align=4)
+            return context.get_dummy_value()
+
+        return types.void(src, sr, sc, dst, dr, dc), codegen
+
+    return intrinsic(typer)
 
 
-@numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
-def _gemm(kind, xp, m_rows, w, out, threads):
-    # xp: (P, K, 16) f32 panels of x (see pack_panels), w: (N, K//be*bb) u8 -> out: (M, N)
-    n_panels, k, _ = xp.shape
+def _gemm_src(kind, x, w, out, threads):
+    # x: (M, K) f32, w: (N, K//be*bb) u8 -> out: (M, N) f32
+    m_rows, k = x.shape
     n = w.shape[0]
-    chunks = (n + _RB - 1) // _RB
-    groups = min(chunks, 4 * threads)
-    for g in numba.prange(groups):                   # buffers made once per group
-        buf = np.zeros((_RB, k), np.float32)
-        c = np.empty((4, 16), np.float32)
-        for ch in range(g, chunks, groups):
-            r0 = ch * _RB
-            rows = min(_RB, n - r0)
+    # x packed into panels of PW rows, transposed: xp[p, k, j] = x[PW * p + j, k], zero past M
+    n_panels = (m_rows + PW - 1) // PW
+    xp = np.empty((n_panels, k, PW), np.float32)
+    for p in range(n_panels):
+        pp = xp[p]
+        for j0 in range(0, PW, L):
+            m0 = PW * p + j0
+            if m0 + L <= m_rows:
+                for k0 in range(0, k - L + 1, L):
+                    TRANSPOSE(x, m0, k0, pp, k0, j0)
+                k_done = k - k % L
+            else:
+                k_done = 0
+            for kk in range(k_done, k):
+                for j in range(L):
+                    pp[kk, j0 + j] = x[m0 + j, kk] if m0 + j < m_rows else np.float32(0)
+    chunks = (n + RB - 1) // RB
+    groups = min(chunks, threads)
+    for g in numba.prange(groups):                   # contiguous runs of chunks, +-1 apart
+        buf = np.zeros((RB, k + PAD), np.float32)
+        c = np.empty((RB, PW), np.float32)
+        for ch in range(g * chunks // groups, (g + 1) * chunks // groups):
+            r0 = ch * RB
+            rows = min(RB, n - r0)
             for i in range(rows):
-                _decode_row(kind, w, r0 + i, buf[i])
-            for i in range(rows, _RB):               # rows past N read as zero
+                _decode_row(kind, w, r0 + i, buf[i, :k])
+            for i in range(rows, RB):                # rows past N read as zero
                 buf[i, :] = 0
+            tiles = (rows + MR - 1) // MR * MR
             for p in range(n_panels):
-                m0 = 16 * p
-                span = min(16, m_rows - m0)
+                m0 = PW * p
+                span = min(PW, m_rows - m0)
                 panel = xp[p]
-                for q in range(0, rows, 4):
-                    c[:, :] = 0
-                    for k0 in range(0, k, _KC):
-                        if span > 8:
-                            _micro_4x16(buf, q, panel, c, k0, min(k, k0 + _KC))
+                c[:, :] = 0
+                for k0 in range(0, k, KC):
+                    k1 = min(k, k0 + KC)
+                    for q in range(0, tiles, MR):
+                        if 2 * span > PW:
+                            MICRO_FULL(buf, q, panel, c, k0, k1)
                         else:
-                            _micro_4x8(buf, q, panel, c, k0, min(k, k0 + _KC))
-                    for i in range(min(4, rows - q)):
-                        for j in range(span):
-                            out[m0 + j, r0 + q + i] = c[i, j]
+                            MICRO_HALF(buf, q, panel, c, k0, k1)
+                for j0 in range(0, span, L):             # out[m0 + j, r0 + i] = c[i, j]
+                    for i0 in range(0, rows, L):
+                        if j0 + L <= span and i0 + L <= rows:
+                            TRANSPOSE(c, i0, j0, out, m0 + j0, r0 + i0)
+                        else:
+                            for j in range(j0, min(span, j0 + L)):
+                                for i in range(i0, min(rows, i0 + L)):
+                                    out[m0 + j, r0 + i] = c[i, j]
 
 
-def pack_panels(x2: np.ndarray) -> np.ndarray:
-    """x2 (M, K) f32 -> (ceil(M / 16), K, 16) panels, ``xp[p, k, j] = x2[16p + j, k]``
-    (zero past M): the micro-kernel's vector side, read in order."""
-    m, k = x2.shape
-    xp = np.zeros(((m + 15) // 16, k, 16), np.float32)
-    for p in range(xp.shape[0]):
-        rows = x2[16 * p:16 * p + 16]
-        xp[p, :, :rows.shape[0]] = rows.T
-    return xp
+_KERNELS: dict = {}
 
 
-def gemm(kind: int, x2: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+def gemm_kernel(lanes: int, mr: int = 0, rb: int = 0):
+    """The GEMM dispatcher for ``lanes`` (16 or 8) float32 lanes per vector, ``mr`` weight
+    rows per tile and ``rb`` rows per decoded chunk (0: ``_SHAPES[lanes]``), made once
+    (compiled lazily on the first call, cached on disk under its own name)."""
+    mr, rb = mr or _SHAPES[lanes][0], rb or _SHAPES[lanes][1]
+    key = (lanes, mr, rb)
+    if key not in _KERNELS:
+        if rb % mr:
+            raise ValueError(f"gemm_kernel: rb={rb} is not a multiple of mr={mr}")
+        name = f"_gemm_{lanes}_{mr}_{rb}"
+        glb = dict(globals(), RB=rb, PAD=_PAD, MR=mr, L=lanes, PW=2 * lanes, KC=_KC,
+                   TRANSPOSE=_transpose_intrinsic(lanes),
+                   MICRO_FULL=_micro_intrinsic(lanes, mr, 2),
+                   MICRO_HALF=_micro_intrinsic(lanes, mr, 1))
+        fn = pytypes.FunctionType(_gemm_src.__code__, glb, name)
+        fn.__qualname__ = name
+        fn.__module__ = __name__
+        _KERNELS[key] = numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)(fn)
+    return _KERNELS[key]
+
+
+_LANES: list = []
+
+
+def default_lanes() -> int:
+    """16 where numba compiles for AVX-512 (avx512f), else 8."""
+    if not _LANES:
+        _LANES.append(16 if _target_has("avx512f") else 8)
+    return _LANES[0]
+
+
+def gemm(kind: int, x2: np.ndarray, w: np.ndarray, out: np.ndarray, lanes: int = 0,
+         mr: int = 0, rb: int = 0) -> None:
     """out (M, N) f32 = x2 (M, K) f32 @ dequantize(w).T; w (N, K // be * bb) u8 blocks of
-    ``block_rows.KINDS`` kind ``kind``."""
-    _gemm(kind, pack_panels(x2), x2.shape[0], w, out, numba.get_num_threads())
+    ``block_rows.KINDS`` kind ``kind``. ``lanes``: 16 or 8 (0: ``default_lanes()``); ``mr``,
+    ``rb``: see ``gemm_kernel``."""
+    m, k = x2.shape
+    if (out.shape != (m, w.shape[0]) or x2.dtype != np.float32 or out.dtype != np.float32
+            or not (x2.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)):
+        raise ValueError(f"gemm: x {x2.shape} {x2.dtype}, w {w.shape}, out {out.shape} "
+                         f"{out.dtype}: need C-contiguous float32 x (M, K), out (M, N)")
+    lanes = lanes or default_lanes()
+    gemm_kernel(lanes, mr, rb)(kind, x2, w, out, numba.get_num_threads())
