@@ -57,9 +57,10 @@ def _const(v):
 
 
 def _micro_intrinsic(lanes, mr, nvec):
-    """An intrinsic ``(a, r, b, c, k0, k1)``: ``c[r + i, :lanes * nvec] += sum over
-    k0 <= k < k1 of a[r + i, k] * b[k, :lanes * nvec]`` for i < mr; a (R, K), b (K, PW),
-    c (R, PW) float32, PW >= lanes * nvec (the row stride of b and c)."""
+    """An intrinsic ``(a, r, b, c, col, k0, k1)``: for i < mr and W = lanes * nvec,
+    ``c[r + i, col:col + W] += sum over k0 <= k < k1 of a[r + i, k] * b[k, col:col + W]``;
+    a, b, c 2-D C float32 (each product summed into register accumulators in order of
+    k, then added to c once). Reads b[k, col:col + W] whole: callers pad b."""
     vt = ir.VectorType(_F32, lanes)
     mask = ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
 
@@ -67,25 +68,26 @@ def _micro_intrinsic(lanes, mr, nvec):
         u = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(_I32, 0))
         return builder.shuffle_vector(u, ir.Constant(vt, ir.Undefined), mask)
 
-    def typer(typingctx, a, r, b, c, k0, k1):
+    def typer(typingctx, a, r, b, c, col, k0, k1):
         if not (_f32_matrix(a) and _f32_matrix(b) and _f32_matrix(c)
-                and all(isinstance(t, types.Integer) for t in (r, k0, k1))):
+                and all(isinstance(t, types.Integer) for t in (r, col, k0, k1))):
             return None
 
         def codegen(context, builder, sig, args):
             aa, ba, ca = (context.make_array(sig.args[i])(context, builder, args[i])
                           for i in (0, 2, 3))
-            r, k0, k1 = (context.cast(builder, args[i], sig.args[i], types.intp)
-                         for i in (1, 4, 5))
+            r, col, k0, k1 = (context.cast(builder, args[i], sig.args[i], types.intp)
+                              for i in (1, 4, 5, 6))
             lda = cgutils.unpack_tuple(builder, aa.shape)[1]
             ldb = cgutils.unpack_tuple(builder, ba.shape)[1]
+            ldc = cgutils.unpack_tuple(builder, ca.shape)[1]
             rows = [builder.gep(aa.data, [builder.mul(builder.add(r, _const(i)), lda)])
                     for i in range(mr)]
             zero = ir.Constant(vt, None)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nvec)]
                     for _ in range(mr)]
             with cgutils.for_range_slice(builder, k0, k1, _const(1)) as (k, _):
-                bk = builder.gep(ba.data, [builder.mul(k, ldb)])
+                bk = builder.gep(ba.data, [builder.add(builder.mul(k, ldb), col)])
                 bv = [builder.load(builder.bitcast(builder.gep(bk, [_const(lanes * j)]),
                                                    vt.as_pointer()), align=4)
                       for j in range(nvec)]
@@ -96,14 +98,15 @@ def _micro_intrinsic(lanes, mr, nvec):
                         prod = builder.fmul(av, bv[j], flags=_FM)
                         builder.store(builder.fadd(builder.load(acc), prod, flags=_FM), acc)
             for i in range(mr):
-                ci = builder.gep(ca.data, [builder.mul(builder.add(r, _const(i)), ldb)])
+                ci = builder.gep(ca.data, [builder.add(builder.mul(builder.add(r, _const(i)), ldc),
+                                                       col)])
                 for j in range(nvec):
                     p = builder.bitcast(builder.gep(ci, [_const(lanes * j)]), vt.as_pointer())
                     builder.store(builder.fadd(builder.load(p, align=4), builder.load(accs[i][j]),
                                                flags=_FM), p, align=4)
             return context.get_dummy_value()
 
-        return types.void(a, r, b, c, k0, k1), codegen
+        return types.void(a, r, b, c, col, k0, k1), codegen
 
     return intrinsic(typer)
 
@@ -153,6 +156,12 @@ def _transpose_intrinsic(lanes):
     return intrinsic(typer)
 
 
+# Set per compiled kernel by gemm_kernel: chunk rows, decoded-row padding, tile rows,
+# lanes, panel width, K slice, the micro-kernel and transpose intrinsics.
+RB = PAD = MR = L = PW = KC = 0
+MICRO_FULL = MICRO_HALF = TRANSPOSE = None
+
+
 def _gemm_src(kind, x, w, out, threads):
     # x: (M, K) f32, w: (N, K//be*bb) u8 -> out: (M, N) f32
     m_rows, k = x.shape
@@ -195,9 +204,9 @@ def _gemm_src(kind, x, w, out, threads):
                     k1 = min(k, k0 + KC)
                     for q in range(0, tiles, MR):
                         if 2 * span > PW:
-                            MICRO_FULL(buf, q, panel, c, k0, k1)
+                            MICRO_FULL(buf, q, panel, c, 0, k0, k1)
                         else:
-                            MICRO_HALF(buf, q, panel, c, k0, k1)
+                            MICRO_HALF(buf, q, panel, c, 0, k0, k1)
                 for j0 in range(0, span, L):             # out[m0 + j, r0 + i] = c[i, j]
                     for i0 in range(0, rows, L):
                         if j0 + L <= span and i0 + L <= rows:
