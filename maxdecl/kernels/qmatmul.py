@@ -7,13 +7,11 @@ Two paths, chosen by the number of activation rows M:
   and one horizontal sum per row; rows run under ``prange``. Every kernel but bf16
   writes the row dot as LLVM vector IR (``_row_dot_intrinsic`` for 32-value blocks,
   ``_superblock_dot_intrinsic`` for the K-quants): 8-lane vectors, F16C scales.
-* **GEMM** (M > 1, prefill; compute-bound): in one parallel region, each thread
-  decodes 16 weight rows at a time into a small float32 buffer (exact: the same
-  float32 operations as gguf-py, so the rows equal ``dequantize`` bit for bit)
-  and multiplies them against x, packed once into transposed panels, with a
-  4 x 16 outer-product micro-kernel in LLVM vector IR. One fork/join per call,
-  where tile-by-tile numba + BLAS alternated two thread pools (measured ~8x
-  slower at M=64 on a shared 2-core machine).
+* **GEMM** (M > 16, prefill; compute-bound; ``gemm.py``): in one parallel region, each
+  thread decodes a chunk of weight rows at a time into a small float32 buffer (exact:
+  the rows equal ``dequantize`` bit for bit) and multiplies them against x, packed
+  once into transposed panels, with an outer-product micro-kernel in LLVM vector IR
+  (8 x 32 with 16 lanes on AVX-512, 4 x 16 with 8 lanes otherwise).
 * Encodings without kernels go through ``tiled_matmul``: their own
   ``dequantize`` on a tile of rows (about ``TILE_BYTES``), then BLAS.
 
