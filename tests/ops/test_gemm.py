@@ -113,3 +113,27 @@ def test_gemm_reads_nothing_past_x_and_w(enc, lanes):
     kg.gemm(KINDS[enc], gx, gw, out, lanes)
     _check(enc, x, data, out)
     assert keep_x and keep_w          # the mappings live until here
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("enc", FAST)
+def test_gemm_decodes_weights_bit_for_bit(enc, lanes):
+    """x = identity: every output is one weight times 1 plus zeros, so out.T must equal
+    gguf-py's dequantize exactly (raw blocks: every quant and high-bit pattern, fp16
+    scales of both signs from subnormals up)."""
+    rng = np.random.default_rng(11)
+    be, bb = LAYOUTS[enc]
+    n, k = 37, (512 if be > 1 else 96)
+    raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
+    for at in {"q4_k": (0, 2), "q6_k": (208,), "bf16": ()}.get(enc, (0,)):
+        mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
+        raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
+    data = raw.reshape(n, -1)
+    want = gq.dequantize(data, getattr(GT, enc.upper()))
+    if enc == "bf16":
+        want = np.where(np.isfinite(want), want, 0).astype(np.float32)
+        data = want.view(np.uint32).__rshift__(16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+        want = gq.dequantize(data, GT.BF16)
+    out = np.empty((k, n), np.float32)
+    kg.gemm(KINDS[enc], np.eye(k, dtype=np.float32), data, out, lanes)
+    np.testing.assert_array_equal(out.T, want)
