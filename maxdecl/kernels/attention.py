@@ -1,24 +1,29 @@
 """Scaled dot-product attention: causal / sliding-window masks, ALiBi, soft-capping,
 grouped-query heads. One task = (batch, query head, block of query rows), in parallel.
 
-Per query row the kernel computes scores only over the keys the row may see, as
-four dot products at a time (``K`` row-major, so each dot runs along head_dim and
-LLVM keeps four vector accumulators), a softmax with a vectorisable ``exp``, then
-``P @ V`` as four dots at a time against ``V`` transposed.
+Many query rows (prefill): a block of 8 rows at a time, the scores ``Q_blk @ K.T`` over
+the keys any row of the block sees and then ``P @ V`` both run through gemm's
+outer-product micro-kernel (8 rows x 2 vectors, K transposed and V zero-padded to the
+vector width once per call), with each row's mask and softmax in between (keys a row
+may not see get probability 0); q is read and out written in their (B, S, H, D) layout.
+Measured (1 thread, CPU time, same run) at Gemma 3 270M's prefill shape (128 rows, 4
+query heads, 1 KV head, head_dim 256): 485 us a call, against 977 us for the former
+kernel (per-row dot products, four keys at a time). A few rows (decode):
+``_attention_few`` reads K and V in place.
 """
 
 from __future__ import annotations
 
 import math
+import types as pytypes
 
 import numba
 import numpy as np
 
 from ._dispatch import njit_twins, pick
 from .config import CACHE, FASTMATH
+from .gemm import _KC, _micro_intrinsic, default_lanes
 from .vmath import expf
-
-_QB = 8  # query rows per task
 
 
 @numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
@@ -46,83 +51,105 @@ def _key_range(pos, T, causal, window):
     return lo, hi
 
 
-@numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
-def _dots4(a, m, lo, hi, col, out, o0):
-    # out[o0 + j - lo] = a . m[j, col...]  for j in [lo, hi), rows of m taken four at a time
-    # a: (L,) f32; m: (R, L) f32 with the dot over m's last axis starting at col
-    L = a.shape[0]
-    j = lo
-    while j + 4 <= hi:
-        s0 = np.float32(0)
-        s1 = np.float32(0)
-        s2 = np.float32(0)
-        s3 = np.float32(0)
-        m0 = m[j]
-        m1 = m[j + 1]
-        m2 = m[j + 2]
-        m3 = m[j + 3]
-        for d in range(L):
-            ad = a[d]
-            s0 += ad * m0[col + d]
-            s1 += ad * m1[col + d]
-            s2 += ad * m2[col + d]
-            s3 += ad * m3[col + d]
-        out[o0 + j - lo] = s0
-        out[o0 + j - lo + 1] = s1
-        out[o0 + j - lo + 2] = s2
-        out[o0 + j - lo + 3] = s3
-        j += 4
-    while j < hi:
-        s = np.float32(0)
-        mj = m[j]
-        for d in range(L):
-            s += a[d] * mj[col + d]
-        out[o0 + j - lo] = s
-        j += 1
+# Set per compiled kernel by _attention_twins (rows per block, rows per tile, tile width,
+# K slice, the micro-kernel intrinsic).
+QB = MR = W = KC = 0
+MICRO = None
 
 
-@njit_twins(fastmath=FASTMATH)
-def _attention(q, k, vt, out, scale, causal, window, slopes, softcap, q_offset):
-    # q: (B, Hq, S, D) f32; k: (B, Hkv, T, D) f32; vt: (B, Hkv, Dv, T) f32 (V transposed)
-    # out: (B, Hq, S, Dv) f32; slopes: (Hq,) f32 ALiBi slopes (all 0: none)
+def _attention_src(q, kt, v, out, T, scale, causal, window, slopes, softcap, q_offset):
+    # q: (B, S, Hq, D) f32; kt: (B, Hkv, D, Tp) f32, K transposed, zero past T;
+    # v: (B, Hkv, Tp, Dvp) f32, zero past T and Dv; out: (B, S, Hq, Dv) f32 (Tp, Dvp:
+    # multiples of W); slopes: (Hq,) f32 ALiBi slopes (all 0: none)
     # query i sits at absolute position q_offset + i; it sees key j when j <= pos (causal)
     # and pos - j < window (window > 0); score = softcap*tanh(s/softcap) + slope*(j - pos)
-    B, Hq, S, D = q.shape
-    Hkv = k.shape[1]
-    T = k.shape[2]
-    Dv = vt.shape[2]
+    B, S, Hq, D = q.shape
+    Hkv = kt.shape[1]
+    Dvp = v.shape[3]
+    Dv = out.shape[3]
     group = Hq // Hkv
-    nblk = (S + _QB - 1) // _QB
+    nblk = (S + QB - 1) // QB
     for task in numba.prange(B * Hq * nblk):
         b = task // (Hq * nblk)
         h = (task // nblk) % Hq
-        i0 = (task % nblk) * _QB
+        i0 = (task % nblk) * QB
+        rows = min(QB, S - i0)
         hk = h // group
         slope = slopes[h]
-        kh = k[b, hk]
-        vh = vt[b, hk]
-        qs = np.empty(D, np.float32)
-        sc = np.empty(T, np.float32)
-        for i in range(i0, min(i0 + _QB, S)):
-            pos = q_offset + i
-            lo, hi = _key_range(pos, T, causal, window)
-            orow = out[b, h, i]
-            if hi <= lo:
-                orow[:] = 0.0
-                continue
+        kth = kt[b, hk]
+        vh = v[b, hk]
+        lo_u = T
+        hi_u = 0
+        for i in range(rows):                         # keys any row of the block sees
+            lo, hi = _key_range(q_offset + i0 + i, T, causal, window)
+            if hi > lo:
+                lo_u = min(lo_u, lo)
+                hi_u = max(hi_u, hi)
+        if hi_u <= lo_u:
+            out[b, i0:i0 + rows, h, :] = 0.0
+            continue
+        qs = np.zeros((QB, D), np.float32)
+        for i in range(rows):
             for d in range(D):
-                qs[d] = q[b, h, i, d] * scale
-            _dots4(qs, kh, lo, hi, 0, sc, 0)
+                qs[i, d] = q[b, i0 + i, h, d] * scale
+        # scores of the block's rows against keys [c0, c1), W at a time (zero past T)
+        c0 = lo_u // W * W
+        c1 = (hi_u + W - 1) // W * W
+        sc = np.zeros((QB, c1), np.float32)
+        for col in range(c0, c1, W):
+            for r in range(0, QB, MR):
+                for k0 in range(0, D, KC):
+                    MICRO(qs, r, kth, sc, col, k0, min(D, k0 + KC))
+        for i in range(rows):                         # each row's softmax over its own keys
+            pos = q_offset + i0 + i
+            lo, hi = _key_range(pos, T, causal, window)
+            row = sc[i]
+            if hi <= lo:
+                row[lo_u:hi_u] = 0.0
+                continue
             n = hi - lo
             if softcap > 0:
-                for j in range(n):
-                    sc[j] = softcap * math.tanh(sc[j] / softcap)
+                for j in range(lo, hi):
+                    row[j] = softcap * math.tanh(row[j] / softcap)
             if slope != 0:
-                for j in range(n):
-                    sc[j] += slope * np.float32(lo + j - pos)
-            _softmax_inplace(sc, n)
-            # out[e] = sum_j p[j] v[j, e] = p . vt[e, lo:hi]
-            _dots4(sc[:n], vh, 0, Dv, lo, orow, 0)
+                for j in range(lo, hi):
+                    row[j] += slope * np.float32(j - pos)
+            _softmax_inplace(row[lo:hi], n)
+            row[lo_u:lo] = 0.0
+            row[hi:hi_u] = 0.0
+        for i in range(rows, QB):
+            sc[i, lo_u:hi_u] = 0.0
+        # out rows = P @ V over keys [lo_u, hi_u), in slices of KC keys
+        o = np.zeros((QB, Dvp), np.float32)
+        for col in range(0, Dvp, W):
+            for r in range(0, QB, MR):
+                for k0 in range(lo_u, hi_u, KC):
+                    MICRO(sc, r, vh, o, col, k0, min(hi_u, k0 + KC))
+        for i in range(rows):
+            for e in range(Dv):
+                out[b, i0 + i, h, e] = o[i, e]
+
+
+_KERNELS: dict = {}
+
+
+def _attention_twins(lanes: int):
+    """(parallel, serial) dispatchers of the blocked kernel for ``lanes`` float32 lanes per
+    vector: scores and P @ V run through gemm's outer-product micro-kernel (QB = 8 query
+    rows x W = 2 * lanes keys or values per tile). Made once, compiled lazily."""
+    if lanes not in _KERNELS:
+        mr = 8 if lanes == 16 else 4
+        glb = dict(globals(), QB=8, MR=mr, W=2 * lanes, KC=_KC,
+                   MICRO=_micro_intrinsic(lanes, mr, 2))
+        twins = []
+        for suffix, par in (("", True), ("_serial", False)):
+            name = f"_attention_{lanes}{suffix}"
+            fn = pytypes.FunctionType(_attention_src.__code__, glb, name)
+            fn.__qualname__ = name
+            fn.__module__ = __name__
+            twins.append(numba.njit(cache=CACHE, parallel=par, fastmath=FASTMATH)(fn))
+        _KERNELS[lanes] = tuple(twins)
+    return _KERNELS[lanes]
 
 
 @njit_twins(fastmath=FASTMATH)
@@ -221,14 +248,22 @@ def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.n
                 qc, kc, vc, out, np.float32(scale), bool(causal), int(window or 0), sl,
                 np.float32(softcap or 0.0), int(q_offset))
         return out
-    qh = np.ascontiguousarray(np.transpose(q, (0, 2, 1, 3)), dtype=np.float32)
-    kh = np.ascontiguousarray(np.transpose(k, (0, 2, 1, 3)), dtype=np.float32)
-    vt = np.ascontiguousarray(np.transpose(v, (0, 2, 3, 1)), dtype=np.float32)
-    B, Hq, S, _ = qh.shape
-    out = np.empty((B, Hq, S, vt.shape[2]), np.float32)
+    lanes = default_lanes()
+    qc = np.ascontiguousarray(q, dtype=np.float32)
+    B, T, Hkv, D = k.shape
+    Dv = v.shape[3]
+    w = 2 * lanes
+    tp, dvp = -(-T // w) * w, -(-Dv // w) * w
+    kt = np.zeros((B, Hkv, D, tp), np.float32)         # K transposed, V row-major, zero-padded
+    kt[..., :T] = np.transpose(k, (0, 2, 3, 1))
+    vp = np.zeros((B, Hkv, tp, dvp), np.float32)
+    vp[:, :, :T, :Dv] = np.transpose(v, (0, 2, 1, 3))
+    S, Hq = qc.shape[1], qc.shape[2]
+    out = np.empty((B, S, Hq, Dv), np.float32)
     sl = (np.zeros(Hq, np.float32) if slopes is None
           else np.asarray(slopes, dtype=np.float32).reshape(Hq))
     if out.size:
-        pick(_attention, Hq * S * kh.shape[2] * qh.shape[3])(qh, kh, vt, out, np.float32(scale), bool(causal),
-                   int(window or 0), sl, np.float32(softcap or 0.0), int(q_offset))
-    return np.ascontiguousarray(np.transpose(out, (0, 2, 1, 3)))
+        pick(_attention_twins(lanes), Hq * S * T * D)(
+            qc, kt, vp, out, T, np.float32(scale), bool(causal), int(window or 0), sl,
+            np.float32(softcap or 0.0), int(q_offset))
+    return out

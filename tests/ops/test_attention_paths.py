@@ -27,26 +27,6 @@ def test_few_rows_path_matches_general_kernel(seed, monkeypatch):
     np.testing.assert_allclose(few, general, rtol=2e-5, atol=2e-6)
 
 
-def _reference(q, k, v, scale, window, slopes, softcap):
-    """float64 attention of the last len(q) of len(k) positions (causal)."""
-    s, hq, _ = q.shape
-    t, hkv, _ = k.shape
-    out = np.zeros((s, hq, v.shape[2]))
-    for i in range(s):
-        pos = t - s + i
-        lo = max(0, pos - window + 1) if window else 0
-        for h in range(hq):
-            hk = h // (hq // hkv)
-            sc = (k[lo:pos + 1, hk].astype(np.float64) @ q[i, h]) * scale
-            if softcap:
-                sc = softcap * np.tanh(sc / softcap)
-            if slopes is not None:
-                sc = sc + slopes[h] * (np.arange(lo, pos + 1) - pos)
-            p = np.exp(sc - sc.max())
-            out[i, h] = (p / p.sum()) @ v[lo:pos + 1, hk]
-    return out
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_rows_kernel_batches_sequences_exactly(seed):
     """attention_rows over several sequences (different lengths and row counts, each
@@ -72,7 +52,8 @@ def test_rows_kernel_batches_sequences_exactly(seed):
     for (q, k, v), got in zip(seqs, together):
         alone = ar.attention_rows([q], [k], [v], *args)[0]
         assert got.tobytes() == alone.tobytes()
-        want = _reference(q, k, v, 0.25, window, slopes, softcap)
+        want = _reference(q[None], k[None], v[None], 0.25, True, window, slopes, softcap,
+                          k.shape[0] - q.shape[0])[0]
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     twins = []
     for twin in ar._attention_rows:                  # (parallel, serial): same numbers
@@ -96,3 +77,57 @@ def test_rows_kernel_rejects_mismatched_sequences():
     with pytest.raises(ValueError, match="sequences must agree"):
         ar.attention_rows([np.zeros((5, 4, 8), np.float32)], [k], [k], 1.0, True, None,
                           None, None)
+
+
+def _reference(q, k, v, scale, causal, window, slopes, softcap, q_offset):
+    """float64 attention, one query row at a time (q, k, v: (B, S|T, H, D))."""
+    B, S, Hq, _ = q.shape
+    T, Hkv = k.shape[1], k.shape[2]
+    out = np.zeros((B, S, Hq, v.shape[3]))
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // (Hq // Hkv)
+            for i in range(S):
+                pos = q_offset + i
+                j = np.arange(T)
+                ok = np.ones(T, bool)
+                if causal:
+                    ok &= j <= pos
+                if window:
+                    ok &= pos - j < window
+                if not ok.any():
+                    continue
+                s = k[b, :, hk].astype(np.float64) @ q[b, i, h].astype(np.float64) * scale
+                if softcap:
+                    s = softcap * np.tanh(s / softcap)
+                if slopes is not None:
+                    s = s + slopes[h] * (j - pos)
+                p = np.exp(s[ok] - s[ok].max())
+                out[b, i, h] = (p / p.sum()) @ v[b, ok, hk].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("case", range(8))
+def test_blocked_kernel_matches_float64(case, lanes, monkeypatch):
+    """Many query rows (the blocked micro-kernel path), 8- and 16-lane kernels: ragged
+    blocks of 8 rows, key counts and value widths off the vector width, windows, ALiBi,
+    soft-capping, GQA, a cached prefix (q_offset), and no mask (encoders)."""
+    monkeypatch.setattr(kern, "default_lanes", lambda: lanes)
+    rng = np.random.default_rng(100 + case)
+    s = [17, 40, 130, 23, 64, 33, 19, 150][case]
+    t = s + [0, 5, 0, 37, 0, 0, 200, 3][case]
+    hkv = [1, 2, 1, 1, 2, 1, 1, 1][case]
+    hq = hkv * [4, 1, 2, 4, 2, 1, 4, 2][case]
+    d, dv = [(256, 256), (64, 40), (16, 16), (96, 72), (32, 8), (40, 33), (64, 64), (8, 8)][case]
+    causal = case != 5
+    window = [None, 7, 50, None, 16, None, 100, 1][case]
+    slopes = list(rng.uniform(0.01, 0.5, hq)) if case in (1, 4) else None
+    softcap = 5.0 if case in (3, 4) else None
+    q = rng.standard_normal((2, s, hq, d)).astype(np.float32)
+    k = rng.standard_normal((2, t, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((2, t, hkv, dv)).astype(np.float32)
+    args = (q, k, v, 1 / np.sqrt(d), causal, window, slopes, softcap, t - s)
+    got = kern.attention(*args)
+    want = _reference(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
