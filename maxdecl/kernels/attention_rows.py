@@ -68,21 +68,33 @@ def _attend(q, i, h, hk, k, v, pos, orow, scale, causal, window, slope, softcap)
 
 
 @njit_twins(fastmath=FASTMATH)
-def _attention_rows(q, seq, pos, kaddr, vaddr, lens, hkv, out, scale, causal, window,
-                    slopes, softcap):
-    # q: (R, Hq, D) f32; row i of sequence seq[i] at absolute position pos[i]; sequence s
-    # has keys (lens[s], hkv, D) at kaddr[s] and values (lens[s], hkv, Dv) at vaddr[s]
+def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, softcap):
+    # q: (R, Hq, D) f32; rows[i] = (sequence, absolute position) of query row i;
+    # seqs[s] = (address of the keys, of the values, length T) of sequence s: keys
+    # (T, hkv, D) and values (T, hkv, Dv) float32, C order
     R, Hq, D = q.shape
     Dv = out.shape[2]
     group = Hq // hkv
     for task in numba.prange(R * Hq):
         i = task // Hq
         h = task % Hq
-        s = seq[i]
-        k = numba.carray(_f32_pointer(kaddr[s]), (lens[s], hkv, D))
-        v = numba.carray(_f32_pointer(vaddr[s]), (lens[s], hkv, Dv))
-        _attend(q, i, h, h // group, k, v, pos[i], out[i, h], scale, causal, window,
+        s = rows[i, 0]
+        k = numba.carray(_f32_pointer(seqs[s, 0]), (seqs[s, 2], hkv, D))
+        v = numba.carray(_f32_pointer(seqs[s, 1]), (seqs[s, 2], hkv, Dv))
+        _attend(q, i, h, h // group, k, v, rows[i, 1], out[i, h], scale, causal, window,
                 slopes[h], softcap)
+
+
+_ZEROS: dict = {}
+
+
+def _zeros(n: int) -> np.ndarray:
+    """A read-only float32 zero vector of n (no ALiBi slopes), made once per n."""
+    z = _ZEROS.get(n)
+    if z is None:
+        z = _ZEROS[n] = np.zeros(n, np.float32)
+        z.flags.writeable = False
+    return z
 
 
 def _f32_c(a) -> np.ndarray:
@@ -97,38 +109,37 @@ def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, win
     queries are the last S_i of the T_i positions) -> outs ``(S_i, Hq, Dv)`` float32."""
     if not qs:
         return []
-    shapes = ", ".join(f"q{list(q.shape)} k{list(k.shape)} v{list(v.shape)}"
-                       for q, k, v in zip(qs, ks, vs))
     hq, d = qs[0].shape[1:]
     hkv, dv = ks[0].shape[1], vs[0].shape[2]
     for q, k, v in zip(qs, ks, vs):
         if (q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[1:] != (hq, d)
                 or k.shape[1:] != (hkv, d) or v.shape[1:] != (hkv, dv)
                 or k.shape[0] != v.shape[0] or q.shape[0] > k.shape[0]):
+            shapes = ", ".join(f"q{list(q.shape)} k{list(k.shape)} v{list(v.shape)}"
+                               for q, k, v in zip(qs, ks, vs))
             raise ValueError(f"attention: sequences must agree in heads and head_dim, with "
                              f"k and v of one length at least q's: {shapes}")
     if hq and (hkv == 0 or hq % hkv):
         raise ValueError(f"attention: query heads {hq} must be a multiple of key/value "
-                         f"heads {hkv}; got {shapes}")
+                         f"heads {hkv}")
     if slopes is not None and np.size(slopes) != hq:
         raise ValueError(f"attention: {np.size(slopes)} alibi slopes for {hq} query heads")
     ks = [_f32_c(k) for k in ks]
     vs = [_f32_c(v) for v in vs]
-    q = _f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs))
     sizes = [x.shape[0] for x in qs]
-    lens = np.array([k.shape[0] for k in ks], np.int64)
-    seq = np.repeat(np.arange(len(qs), dtype=np.int64), sizes)
-    pos = np.concatenate([np.arange(t - s, t, dtype=np.int64) for s, t in zip(sizes, lens)])
-    kaddr = np.array([k.ctypes.data for k in ks], np.int64)
-    vaddr = np.array([v.ctypes.data for v in vs], np.int64)
-    sl = (np.zeros(hq, np.float32) if slopes is None
-          else np.asarray(slopes, dtype=np.float32).reshape(hq))
+    seqs = np.array([(k.ctypes.data, v.ctypes.data, k.shape[0]) for k, v in zip(ks, vs)],
+                    np.int64)
+    q = _f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs))
+    rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, seqs[:, 2]))
+                     for i in range(n)], np.int64).reshape(-1, 2)
+    sl = _zeros(hq) if slopes is None else np.asarray(slopes, dtype=np.float32).reshape(hq)
     out = np.empty((q.shape[0], hq, dv), np.float32)
     if out.size:
-        work = hq * d * int(sum(s * int(t) for s, t in zip(sizes, lens)))
-        pick(_attention_rows, work)(q, seq, pos, kaddr, vaddr, lens, hkv, out,
-                                    np.float32(scale), bool(causal), int(window or 0), sl,
-                                    np.float32(softcap or 0.0))
+        work = hq * d * sum(n * int(t) for n, t in zip(sizes, seqs[:, 2]))
+        pick(_attention_rows, work)(q, rows, seqs, hkv, out, np.float32(scale), bool(causal),
+                                    int(window or 0), sl, np.float32(softcap or 0.0))
+    if len(qs) == 1:
+        return [out]
     outs, start = [], 0
     for s in sizes:
         outs.append(out[start:start + s])
