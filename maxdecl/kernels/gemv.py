@@ -32,13 +32,10 @@ from numba.extending import intrinsic
 from .block_rows import _bf16
 from .config import CACHE, FASTMATH
 
-_FM = tuple(sorted(FASTMATH))         # float flags of the GEMM micro-kernel (qmatmul)
 _IR_I8 = ir.IntType(8)
-_IR_I16 = ir.IntType(16)
 _IR_I32 = ir.IntType(32)
 _IR_I64 = ir.IntType(64)
 _IR_F32 = ir.FloatType()
-_V8F = ir.VectorType(_IR_F32, 8)
 ROW_CHUNKS = (8, 4, 2, 1)             # x rows per decode of a weight unit, largest first
 UNIT = 64                             # values per unit
 
