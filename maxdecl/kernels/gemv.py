@@ -95,13 +95,14 @@ def _ir_f16(builder, word, soft=None):
         v = builder.bitcast(word, ir.VectorType(ir.HalfType(), 2))
         v = builder.fpext(v, ir.VectorType(_IR_F32, 2))
         return builder.extract_element(v, _ir_const(_IR_I32, 0))
-    h = builder.and_(word, _ir_const(_IR_I32, 0xFFFF))
-    bits = builder.or_(builder.shl(builder.and_(h, _ir_const(_IR_I32, 0x8000)), _ir_const(_IR_I32, 16)),
-                       builder.shl(builder.and_(h, _ir_const(_IR_I32, 0x7FFF)), _ir_const(_IR_I32, 13)))
-    f = builder.fmul(builder.bitcast(bits, _IR_F32), _ir_const(_IR_F32, 5.192296858534828e33))  # 2**112
-    special = builder.icmp_unsigned("==", builder.and_(h, _ir_const(_IR_I32, 0x7C00)),
-                                    _ir_const(_IR_I32, 0x7C00))
-    infnan = builder.bitcast(builder.or_(bits, _ir_const(_IR_I32, 0x7F800000)), _IR_F32)
+    i32 = lambda v: _ir_const(_IR_I32, v)  # noqa: E731
+    h = builder.and_(word, i32(0xFFFF))
+    bits = builder.or_(builder.shl(builder.and_(h, i32(0x8000)), i32(16)),
+                       builder.shl(builder.and_(h, i32(0x7FFF)), i32(13)))
+    f = builder.fmul(builder.bitcast(bits, _IR_F32),
+                     _ir_const(_IR_F32, 5.192296858534828e33))               # 2**112
+    special = builder.icmp_unsigned("==", builder.and_(h, i32(0x7C00)), i32(0x7C00))
+    infnan = builder.bitcast(builder.or_(bits, i32(0x7F800000)), _IR_F32)
     return builder.select(special, infnan, f)
 
 
