@@ -9,8 +9,12 @@ encoding) so that the arithmetic is pinned:
   is odd); each unit is **decoded once** into L-lane float vectors holding exactly
   the dequantized weights (``d * q``, ``d * sc * q - dmin * m``: products of small
   integers and fp16 scales, exact in float32), shared by all the x rows;
-* for every x row: ``t = w0 * x0``, then ``t = fmuladd(wi, xi, t)`` over the unit's
-  vectors, then ``acc += t``; one horizontal sum (a fixed halving tree) at the end.
+* for every x row, two accumulators: ``a = fmuladd(wi, xi, a)`` over the first half of
+  the unit's vectors, ``b = ...`` over the second half (one multiply-add per vector,
+  two dependency chains, so even one row keeps the FMA units busy); at the end one
+  horizontal sum of ``a + b`` (a fixed halving tree). Measured at 65536 x 640 q8_0, one
+  thread: 8 rows 4.4-8.1 ms against 7.3-8.5 ms with a separate unit sum added to one
+  accumulator; one row unchanged.
 
 No fast-math flag is set on this IR, so LLVM cannot reassociate, and every x row is
 computed by the same instructions whether it runs alone or with up to 7 others: a
@@ -357,7 +361,8 @@ def _emit_dots(builder, row, xs, nb, lay, lanes):
     i64 = lambda v: _ir_const(_IR_I64, v)  # noqa: E731
     vf = ir.VectorType(_IR_F32, lanes)
     fma = _intrinsic_fn(builder, "llvm.fmuladd", vf, 3)
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in xs]
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2)]
+            for _ in xs]
     per_unit = UNIT // lanes
     if lay.prefetch:
         pf = cgutils.get_or_insert_function(
@@ -384,10 +389,14 @@ def _emit_dots(builder, row, xs, nb, lay, lanes):
                 xv = [builder.load(builder.bitcast(builder.gep(xb, [i64(lanes * i)]),
                                                    vf.as_pointer()), align=4)
                       for i in range(len(unit))]
-                t = builder.fmul(unit[0], xv[0])
-                for wv, xi in zip(unit[1:], xv[1:]):
-                    t = builder.call(fma, [wv, xi, t])
-                builder.store(builder.fadd(builder.load(acc), t), acc)
+                half = (len(unit) + 1) // 2         # first half into acc[0], rest into acc[1]
+                for part, lo, hi in ((acc[0], 0, half), (acc[1], half, len(unit))):
+                    if lo == hi:
+                        continue
+                    a = builder.load(part)
+                    for wv, xi in zip(unit[lo:hi], xv[lo:hi]):
+                        a = builder.call(fma, [wv, xi, a])
+                    builder.store(a, part)
 
     n_steps = builder.sdiv(nb, i64(lay.per_step))
     with cgutils.for_range(builder, n_steps) as loop:
@@ -395,7 +404,7 @@ def _emit_dots(builder, row, xs, nb, lay, lanes):
     if lay.per_step > 1:           # an odd block count: the last block on its own
         with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, i64(2)), i64(0))):
             step(builder.sub(nb, i64(1)), 1)
-    return [_hsum(builder, builder.load(acc)) for acc in accs]
+    return [_hsum(builder, builder.fadd(builder.load(a), builder.load(b))) for a, b in accs]
 
 
 # -- kernels: x (M, K) f32 C order, w (N, K // be * bb) u8 -> out (M, N) f32 -------------
