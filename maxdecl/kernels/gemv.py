@@ -415,36 +415,6 @@ _row_q4_k = row_intrinsic("q4_k")
 _row_q6_k = row_intrinsic("q6_k")
 
 
-@numba.njit(cache=CACHE, parallel=True)
-def _gemv_q4_0(x, w, out):
-    for r in numba.prange(w.shape[0]):
-        _row_q4_0(w, r, x, out, r)
-
-
-@numba.njit(cache=CACHE, parallel=True)
-def _gemv_q5_0(x, w, out):
-    for r in numba.prange(w.shape[0]):
-        _row_q5_0(w, r, x, out, r)
-
-
-@numba.njit(cache=CACHE, parallel=True)
-def _gemv_q8_0(x, w, out):
-    for r in numba.prange(w.shape[0]):
-        _row_q8_0(w, r, x, out, r)
-
-
-@numba.njit(cache=CACHE, parallel=True)
-def _gemv_q4_k(x, w, out):
-    for r in numba.prange(w.shape[0]):
-        _row_q4_k(w, r, x, out, r)
-
-
-@numba.njit(cache=CACHE, parallel=True)
-def _gemv_q6_k(x, w, out):
-    for r in numba.prange(w.shape[0]):
-        _row_q6_k(w, r, x, out, r)
-
-
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
 def _gemv_bf16(x, w, out):
     # w: (N, K) uint16 view; every row of x by the same loop (one inlined code path)
@@ -457,12 +427,8 @@ def _gemv_bf16(x, w, out):
             out[m, r] = s
 
 
-GEMV = {"q4_0": _gemv_q4_0, "q5_0": _gemv_q5_0, "q8_0": _gemv_q8_0,
-        "q4_k": _gemv_q4_k, "q6_k": _gemv_q6_k, "bf16": _gemv_bf16}
-
-
-# -- several weights of one encoding that read the same x (q/k/v, gate/up) in one call --
-# ws: a tuple of packed matrices with the same bytes per row; columns offs[i]:offs[i+1]
+# -- kernels: one or several weights of one encoding that read the same x (q/k/v,
+# gate/up) in one call; ws: a tuple of packed matrices with the same bytes per row; columns offs[i]:offs[i+1]
 # of out are W_i . x. Each output column comes from the same row intrinsic as in the
 # single-weight kernels, so it is bit-identical to running each weight on its own.
 @numba.njit(cache=CACHE, parallel=True)
@@ -510,6 +476,16 @@ def _segment(offs, c):
 
 GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,
               "q4_k": _group_q4_k, "q6_k": _group_q6_k}
+
+
+def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:
+    """``out = x2 @ W.T`` for up to GEMV_MAX_ROWS rows of x: the group kernel with one
+    weight (the same row intrinsic, so the same numbers as in a group); bf16 (w as a
+    uint16 view) by its own loop."""
+    if encoding == "bf16":
+        _gemv_bf16(x2, w, out)
+    else:
+        GEMV_GROUP[encoding](x2, (w,), np.array([0, w.shape[0]], np.int64), out)
 
 
 def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 from .block_rows import KINDS, LAYOUTS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
 from .config import GEMV_MAX_ROWS
 from .gemm import gemm
-from .gemv import GEMV
+from .gemv import gemv
 
 TILE_BYTES = 2 << 20  # float32 bytes of one decoded tile in the fallback path
 
@@ -82,7 +82,7 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
     n = w.shape[0]
     out = np.empty((x2.shape[0], n), np.float32)
     if x2.shape[0] <= GEMV_MAX_ROWS:                # decode, batched decode, lookup verify
-        GEMV[encoding](x2, w.view(np.uint16) if encoding == "bf16" else w, out)
+        gemv(x2, w.view(np.uint16) if encoding == "bf16" else w, encoding, out)
         return out
     gemm(KINDS[encoding], x2, w, out)
     return out
