@@ -349,13 +349,16 @@ def test_a_few_rows_equal_one_row_at_a_time_bit_for_bit(enc):
             assert together.tobytes() == alone.tobytes(), (enc, n, k, m)
 
 
-def _lanes_kernel(enc, lanes):
-    """A one-off (uncached) GEMV kernel over ``gemv.row_intrinsic(enc, lanes)``."""
+def _lanes_kernel(enc, lanes, table=None):
+    """A one-off (uncached) GEMV kernel over ``gemv.row_intrinsic(enc, lanes, table)``;
+    the table decoders (AVX-512 permutes) by default where the CPU runs them."""
     import numba
 
     from maxdecl.kernels import gemv
 
-    row = gemv.row_intrinsic(enc, lanes)
+    if table is None:
+        table = gemv.host_lanes() == 16
+    row = gemv.row_intrinsic(enc, lanes, table)
 
     @numba.njit
     def run(x, w, out):
@@ -385,6 +388,28 @@ def test_gemv_lane_widths_match_reference_and_rows(enc, lanes):
         one = np.empty((1, 29), np.float32)
         run(x[i:i + 1].copy(), data, one)
         assert one.tobytes() == out[i:i + 1].tobytes(), (enc, lanes, i)
+
+
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k"])
+def test_gemv_table_decoders_equal_plain_decoders(enc):
+    """The 16-lane table decoders (a code indexes a per-block table of dequantized values)
+    give bit for bit the plain decoders' outputs, on raw blocks with every code and
+    high-bit pattern and fp16 scales of both signs down to subnormals, for 1 to 9 rows."""
+    from maxdecl.kernels import gemv
+
+    if gemv.host_lanes() != 16:
+        pytest.skip("the table decoders need AVX-512")
+    rng = np.random.default_rng(zlib.crc32(f"table/{enc}".encode()))
+    be = BLOCK[enc][0]
+    k = be * (9 if be == 32 else 3)
+    data = _raw_blocks(enc, 53, k, rng)
+    plain, table = _lanes_kernel(enc, 16, table=False), _lanes_kernel(enc, 16, table=True)
+    for m in (1, 2, 3, 5, 8, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        a, b = np.empty((m, 53), np.float32), np.empty((m, 53), np.float32)
+        plain(x, data, a)
+        table(x, data, b)
+        assert a.tobytes() == b.tobytes(), (enc, m)
 
 
 @pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
