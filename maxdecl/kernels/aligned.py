@@ -7,6 +7,8 @@ read such rows many times per call; see their modules for what alignment measure
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ALIGN = 64
@@ -15,12 +17,17 @@ ALIGN = 64
 def empty_aligned(shape, dtype=np.float32) -> np.ndarray:
     """An uninitialised C-order array of ``shape`` whose data starts on a 64-byte boundary."""
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
-    buf = np.empty(n * dtype.itemsize + ALIGN, np.uint8)
-    start = -buf.ctypes.data % ALIGN
-    return buf[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + ALIGN, np.uint8)
+    start = -address(buf) % ALIGN
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def address(a: np.ndarray) -> int:
+    """The address of ``a``'s first element (cheaper than ``a.ctypes.data``)."""
+    return a.__array_interface__["data"][0]
 
 
 def rows_aligned(x2: np.ndarray) -> bool:
     """Whether every row of the 2-D ``x2`` starts on a 64-byte boundary."""
-    return x2.ctypes.data % ALIGN == 0 and (x2.shape[0] == 1 or x2.strides[0] % ALIGN == 0)
+    return address(x2) % ALIGN == 0 and (x2.shape[0] == 1 or x2.strides[0] % ALIGN == 0)

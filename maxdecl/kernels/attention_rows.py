@@ -20,6 +20,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ._dispatch import njit_twins, pick
+from .aligned import address
 from .attention import _key_range, _softmax_inplace
 from .config import CACHE, FASTMATH
 
@@ -37,52 +38,62 @@ def _f32_pointer(typingctx, addr):
 
 
 @numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
-def _attend(q, i, h, hk, k, v, pos, orow, scale, causal, window, slope, softcap):
-    # orow <- softmax(scale * q[i, h] . k[lo:hi, hk]) @ v[lo:hi, hk] (attention_few's order)
+def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, softcap):
+    # out[i, h] <- softmax(scale * q[i, h] . k[lo:hi, hk]) @ v[lo:hi, hk] for the nh query
+    # heads h0.. of key/value head hk. Each key and value row is read once for all of
+    # them; every head's sums run in the same order whatever nh.
     D = q.shape[2]
     Dv = v.shape[2]
     lo, hi = _key_range(pos, k.shape[0], causal, window)
-    orow[:] = 0.0
-    if hi <= lo:
-        return
-    qs = np.empty(D, np.float32)
-    for d in range(D):
-        qs[d] = q[i, h, d] * scale
+    acc = np.zeros((nh, Dv), np.float32)
     n = hi - lo
-    sc = np.empty(n, np.float32)
-    for j in range(n):
-        kr = k[lo + j, hk]
-        t = np.float32(0)
-        for d in range(D):
-            t += qs[d] * kr[d]
-        if softcap > 0:
-            t = softcap * math.tanh(t / softcap)
-        t += slope * np.float32(lo + j - pos)
-        sc[j] = t
-    _softmax_inplace(sc, n)
-    for j in range(n):
-        p = sc[j]
-        vr = v[lo + j, hk]
+    if n > 0:
+        qs = np.empty((nh, D), np.float32)
+        for g in range(nh):
+            for d in range(D):
+                qs[g, d] = q[i, h0 + g, d] * scale
+        sc = np.empty((nh, n), np.float32)
+        for j in range(n):
+            kr = k[lo + j, hk]
+            for g in range(nh):
+                t = np.float32(0)
+                for d in range(D):
+                    t += qs[g, d] * kr[d]
+                if softcap > 0:
+                    t = softcap * math.tanh(t / softcap)
+                t += slopes[h0 + g] * np.float32(lo + j - pos)
+                sc[g, j] = t
+        for g in range(nh):
+            _softmax_inplace(sc[g], n)
+        for j in range(n):
+            vr = v[lo + j, hk]
+            for g in range(nh):
+                p = sc[g, j]
+                for e in range(Dv):
+                    acc[g, e] += p * vr[e]
+    for g in range(nh):
         for e in range(Dv):
-            orow[e] += p * vr[e]
+            out[i, h0 + g, e] = acc[g, e]
 
 
 @njit_twins(fastmath=FASTMATH)
-def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, softcap):
+def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, softcap, per):
     # q: (R, Hq, D) f32; rows[i] = (sequence, absolute position) of query row i;
     # seqs[s] = (address of the keys, of the values, length T) of sequence s: keys
-    # (T, hkv, D) and values (T, hkv, Dv) float32, C order
+    # (T, hkv, D) and values (T, hkv, Dv) float32, C order. A task: row i, ``per``
+    # query heads sharing one key/value head (``per`` divides Hq // hkv).
     R, Hq, D = q.shape
     Dv = out.shape[2]
     group = Hq // hkv
-    for task in numba.prange(R * Hq):
-        i = task // Hq
-        h = task % Hq
+    tasks = Hq // per
+    for task in numba.prange(R * tasks):
+        i = task // tasks
+        h0 = (task % tasks) * per
         s = rows[i, 0]
         k = numba.carray(_f32_pointer(seqs[s, 0]), (seqs[s, 2], hkv, D))
         v = numba.carray(_f32_pointer(seqs[s, 1]), (seqs[s, 2], hkv, Dv))
-        _attend(q, i, h, h // group, k, v, rows[i, 1], out[i, h], scale, causal, window,
-                slopes[h], softcap)
+        _attend(q, i, h0, per, h0 // group, k, v, rows[i, 1], out, scale, causal, window,
+                slopes, softcap)
 
 
 _ZEROS: dict = {}
@@ -127,17 +138,23 @@ def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, win
     ks = [_f32_c(k) for k in ks]
     vs = [_f32_c(v) for v in vs]
     sizes = [x.shape[0] for x in qs]
-    seqs = np.array([(k.ctypes.data, v.ctypes.data, k.shape[0]) for k, v in zip(ks, vs)],
+    lengths = [k.shape[0] for k in ks]
+    seqs = np.array([(address(k), address(v), t) for k, v, t in zip(ks, vs, lengths)],
                     np.int64)
     q = _f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs))
-    rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, seqs[:, 2]))
+    rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, lengths))
                      for i in range(n)], np.int64).reshape(-1, 2)
     sl = _zeros(hq) if slopes is None else np.asarray(slopes, dtype=np.float32).reshape(hq)
     out = np.empty((q.shape[0], hq, dv), np.float32)
     if out.size:
-        work = hq * d * sum(n * int(t) for n, t in zip(sizes, seqs[:, 2]))
-        pick(_attention_rows, work)(q, rows, seqs, hkv, out, np.float32(scale), bool(causal),
-                                    int(window or 0), sl, np.float32(softcap or 0.0))
+        work = hq * d * sum(n * t for n, t in zip(sizes, lengths))
+        kernel = pick(_attention_rows, work)
+        # a task per row and key/value head (its query heads read each K, V row once),
+        # or per query head when that leaves a thread idle on a parallel call
+        per = (hq // hkv if kernel is _attention_rows[1] or q.shape[0] * hkv >= numba.get_num_threads()
+               else 1)
+        kernel(q, rows, seqs, hkv, out, np.float32(scale), bool(causal), int(window or 0), sl,
+               np.float32(softcap or 0.0), per)
     if len(qs) == 1:
         return [out]
     outs, start = [], 0
