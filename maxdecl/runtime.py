@@ -165,18 +165,31 @@ def _bind_one(compiled, i, a, symbols) -> list:
         raise GraphError(f"{name}: {label}: expected rank {len(t.shape)} {t}, "
                          f"got shape {format_shape(a.shape)}")
     compound = []
-    for want, got in zip(t.shape, a.shape):
-        if isinstance(want, int):
+    for (kind, want), got in zip(_dim_kinds(compiled, i), a.shape):
+        if kind == "int":
             if want != got:
                 raise GraphError(f"{name}: {label}: expected {t}, got shape "
                                  f"{format_shape(a.shape)}")
-        elif dims.poly(want) == {(want,): 1}:
+        elif kind == "symbol":
             if symbols.setdefault(want, got) != got:
                 raise GraphError(f"{name}: {label}: dim {want!r} is {symbols[want]} "
                                  f"elsewhere but {got} here")
         else:
             compound.append((label, want, got))
     return compound
+
+
+def _dim_kinds(compiled, i) -> list:
+    """``[(kind, dim)]`` of input ``i``'s declared dims, kind "int", "symbol" (one name)
+    or "compound"; worked out once per compiled graph (a batched step checks every
+    sequence's cache input with it)."""
+    kinds = compiled.__dict__.setdefault("_dim_kinds", {})
+    got = kinds.get(i)
+    if got is None:
+        got = kinds[i] = [("int", d) if isinstance(d, int) else
+                          ("symbol", d) if dims.poly(d) == {(d,): 1} else ("compound", d)
+                          for d in compiled.input_types[i].shape]
+    return got
 
 
 def _check_batch(compiled, arrays, rows) -> list:
@@ -301,6 +314,11 @@ def _per_sequence(fn, args, attrs, opdef, rows):
         elif c and a.shape[axis] != sum(rows):
             raise ValueError(f"{a.shape[axis]} rows along axis {axis}, but the batch has "
                              f"{sum(rows)} ({rows})")
+    batched = opdef.batch_runner()
+    if batched is not None:
+        outs = batched(args, rows, attrs)
+        if outs is not None:
+            return [PerSequence(o) if j in state_out else o for j, o in enumerate(outs)]
     eaches, start = [], 0
     for k, n in enumerate(rows):
         each = []
@@ -315,8 +333,7 @@ def _per_sequence(fn, args, attrs, opdef, rows):
                 each.append(a)                      # shared: a weight
         eaches.append(each)
         start += n
-    batched = opdef.batch_runner()
-    outs = batched(eaches, attrs) if batched else [fn(each, attrs) for each in eaches]
+    outs = [fn(each, attrs) for each in eaches]
     return [PerSequence(o[j] for o in outs) if j in state_out
             else np.concatenate([o[j] for o in outs], axis=axis) for j in range(len(outs[0]))]
 

@@ -114,20 +114,17 @@ def _f32_c(a) -> np.ndarray:
     return a
 
 
-def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, window,
-                   slopes, softcap) -> list:
-    """Per sequence i: q ``(S_i, Hq, D)``, k ``(T_i, Hkv, D)``, v ``(T_i, Hkv, Dv)`` (the
-    queries are the last S_i of the T_i positions) -> outs ``(S_i, Hq, Dv)`` float32."""
-    if not qs:
-        return []
-    hq, d = qs[0].shape[1:]
+def check_rows(q_shapes: list, ks: list, vs: list, slopes) -> None:
+    """ValueError unless every sequence's q ``(S_i, Hq, D)``, k ``(T_i, Hkv, D)`` and v
+    ``(T_i, Hkv, Dv)`` agree in heads and sizes, with S_i <= T_i and Hkv dividing Hq."""
+    hq, d = q_shapes[0][1:]
     hkv, dv = ks[0].shape[1], vs[0].shape[2]
-    for q, k, v in zip(qs, ks, vs):
-        if (q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[1:] != (hq, d)
+    for qs, k, v in zip(q_shapes, ks, vs):
+        if (len(qs) != 3 or k.ndim != 3 or v.ndim != 3 or tuple(qs[1:]) != (hq, d)
                 or k.shape[1:] != (hkv, d) or v.shape[1:] != (hkv, dv)
-                or k.shape[0] != v.shape[0] or q.shape[0] > k.shape[0]):
-            shapes = ", ".join(f"q{list(q.shape)} k{list(k.shape)} v{list(v.shape)}"
-                               for q, k, v in zip(qs, ks, vs))
+                or k.shape[0] != v.shape[0] or qs[0] > k.shape[0]):
+            shapes = ", ".join(f"q{list(qs)} k{list(k.shape)} v{list(v.shape)}"
+                               for qs, k, v in zip(q_shapes, ks, vs))
             raise ValueError(f"attention: sequences must agree in heads and head_dim, with "
                              f"k and v of one length at least q's: {shapes}")
     if hq and (hkv == 0 or hq % hkv):
@@ -135,13 +132,39 @@ def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, win
                          f"heads {hkv}")
     if slopes is not None and np.size(slopes) != hq:
         raise ValueError(f"attention: {np.size(slopes)} alibi slopes for {hq} query heads")
+
+
+def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, window,
+                   slopes, softcap) -> list:
+    """Per sequence i: q ``(S_i, Hq, D)``, k ``(T_i, Hkv, D)``, v ``(T_i, Hkv, Dv)`` (the
+    queries are the last S_i of the T_i positions) -> outs ``(S_i, Hq, Dv)`` float32."""
+    if not qs:
+        return []
+    check_rows([q.shape for q in qs], ks, vs, slopes)
+    sizes = [x.shape[0] for x in qs]
+    out = packed_rows(_f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs)), sizes, ks, vs,
+                      scale, causal, window, slopes, softcap)
+    if len(qs) == 1:
+        return [out]
+    outs, start = [], 0
+    for s in sizes:
+        outs.append(out[start:start + s])
+        start += s
+    return outs
+
+
+def packed_rows(q: np.ndarray, sizes: list, ks: list, vs: list, scale: float, causal: bool,
+                window, slopes, softcap) -> np.ndarray:
+    """``attention_rows`` on the query rows of every sequence one after another in ``q``
+    ``(sum sizes, Hq, D)`` float32 C order (``check_rows`` done by the caller) ->
+    ``(sum sizes, Hq, Dv)`` float32."""
+    hq, d = q.shape[1:]
+    hkv, dv = ks[0].shape[1], vs[0].shape[2]
     ks = [_f32_c(k) for k in ks]
     vs = [_f32_c(v) for v in vs]
-    sizes = [x.shape[0] for x in qs]
     lengths = [k.shape[0] for k in ks]
     seqs = np.array([(address(k), address(v), t) for k, v, t in zip(ks, vs, lengths)],
                     np.int64)
-    q = _f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs))
     rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, lengths))
                      for i in range(n)], np.int64).reshape(-1, 2)
     sl = _zeros(hq) if slopes is None else np.asarray(slopes, dtype=np.float32).reshape(hq)
@@ -155,10 +178,4 @@ def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, win
                else 1)
         kernel(q, rows, seqs, hkv, out, np.float32(scale), bool(causal), int(window or 0), sl,
                np.float32(softcap or 0.0), per)
-    if len(qs) == 1:
-        return [out]
-    outs, start = [], 0
-    for s in sizes:
-        outs.append(out[start:start + s])
-        start += s
-    return outs
+    return out

@@ -10,7 +10,7 @@ import numpy as np
 from .. import codecs
 from ..tensors import QuantizedTensor
 from . import attention, rope
-from .attention_rows import attention_rows
+from .attention_rows import attention_rows, check_rows, packed_rows
 from .kv_cache import append_kv
 
 FEW_ROWS = 16  # up to this many query rows (a decode or lookup-verify step) per sequence
@@ -39,7 +39,7 @@ def _rope_run(args, attrs):
     return [out.astype(x.dtype, copy=False)]
 
 
-def _with_cache(q, k, v, rest):
+def _with_cache(k, v, rest):
     """(k, v, new cache or None): this step's k, v after the cached ones, if any."""
     if not rest:
         return k, v, None
@@ -63,7 +63,7 @@ def _rows_kernel(q, k, v) -> bool:
 def _attention_run(args, attrs):
     kern = attention
     q, k, v, *rest = args
-    k, v, new_cache = _with_cache(q, k, v, rest)
+    k, v, new_cache = _with_cache(k, v, rest)
     if _rows_kernel(q, k, v):
         (out,) = attention_rows([q], [k], [v], _scale(attrs, q.shape[-1]), attrs["causal"],
                                 attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"])
@@ -86,21 +86,29 @@ def _attention_run(args, attrs):
     return [out] if new_cache is None else [out, new_cache]
 
 
-def _attention_batch(per_sequence: list, attrs) -> list:
-    """``_attention_run`` of each sequence's args of a batched step, in one kernel call
-    when every sequence takes attention_rows (decode, lookup verify)."""
-    steps = [(q, *_with_cache(q, k, v, rest)) for q, k, v, *rest in per_sequence]
-    if not all(_rows_kernel(q, k, v) for q, k, v, _ in steps):
-        return [_attention_run(args, attrs) for args in per_sequence]
-    q0 = steps[0][0]
-    outs = attention_rows([s[0] for s in steps], [s[1] for s in steps], [s[2] for s in steps],
-                          _scale(attrs, q0.shape[-1]), attrs["causal"], attrs["sliding_window"],
-                          attrs["alibi_slopes"], attrs["softcap"])
-    return [[o.astype(q.dtype, copy=False)] if cache is None
-            else [o.astype(q.dtype, copy=False), cache]
-            for o, (q, _, _, cache) in zip(outs, steps)]
+def _attention_batch(args, rows, attrs):
+    """``attention`` of a batched step in one kernel call, or None when a sequence needs
+    the general path. q, k, v hold every sequence's rows one after another (axis -3);
+    the kv caches are one per sequence. Returns ``[out, [cache per sequence]]``."""
+    q, k, v, *rest = args
+    if not (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and max(rows) <= FEW_ROWS):
+        return None
+    caches, keys, values, start = [], [], [], 0
+    for n, past in zip(rows, rest[0]):
+        kk, vv, cache = _with_cache(k[start:start + n], v[start:start + n], [past])
+        keys.append(kk)
+        values.append(vv)
+        caches.append(cache)
+        start += n
+    check_rows([(n,) + q.shape[1:] for n in rows], keys, values, attrs["alibi_slopes"])
+    out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), keys, values,
+                      _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
+                      attrs["alibi_slopes"], attrs["softcap"])
+    return [out.astype(q.dtype, copy=False), caches]
 
 
 RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _attention_run}
 # ops whose sequences of a batched step run in one call (runtime._per_sequence)
+# (``fn(args, rows, attrs)``: row inputs of all sequences together, states per sequence;
+# returns the outputs with each state output a list, one per sequence, or None)
 RUN_BATCH = {"attention": _attention_batch}

@@ -91,8 +91,11 @@ class OpDef:
         return fn
 
     def batch_runner(self) -> Callable | None:
-        """The runtime that takes every sequence's args of a batched step in one call
-        (``RUN_BATCH`` of the kernels module), or None: then each sequence runs alone."""
+        """The runtime that runs every sequence of a batched step in one call
+        (``RUN_BATCH`` of the kernels module: ``fn(args, rows, attrs)`` with the row
+        inputs of all sequences together and the states per sequence; it returns the
+        outputs, each state output a list per sequence, or None to leave the step to the
+        general path), or None: then each sequence runs alone."""
         if self.name not in _BATCH_RUNNERS:
             fn = None
             if not callable(self.run):
