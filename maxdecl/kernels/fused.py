@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import GEMV_MAX_ROWS
-from .gemv import GEMV_GROUP, gemv_group
+from .gemv import GEMV_GROUP, gemv_group, offsets
 from .qmatmul import qmatmul_blocks
 
 
@@ -31,6 +31,6 @@ def qmatmul_group(x2: np.ndarray, weights: list, encoding: str) -> list:
     """
     if x2.shape[0] <= GEMV_MAX_ROWS and encoding in GEMV_GROUP and len(weights) > 1:
         out = gemv_group(x2, weights, encoding)
-        cols = np.cumsum([0] + [w.shape[0] for w in weights])
+        cols = offsets(tuple(w.shape[0] for w in weights)).tolist()
         return [out[:, a:b] for a, b in zip(cols[:-1], cols[1:])]
     return [qmatmul_blocks(x2, w, encoding) for w in weights]

@@ -26,6 +26,8 @@ Block layouts: ``block_rows.py``.
 
 from __future__ import annotations
 
+import itertools
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -570,7 +572,7 @@ def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:
     if encoding == "bf16":
         _gemv_bf16(x2, w, out)
     else:
-        GEMV_GROUP[encoding](_aligned_rows(x2), (w,), np.array([0, w.shape[0]], np.int64), out)
+        GEMV_GROUP[encoding](_aligned_rows(x2), (w,), offsets((w.shape[0],)), out)
 
 
 def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
@@ -578,8 +580,22 @@ def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
     one parallel call. x2 (M, K) float32 C order with M <= GEMV_MAX_ROWS; weights: packed
     (N_i, bytes) uint8 C-order matrices of ``encoding`` (a key of ``GEMV_GROUP``), equal
     bytes per row."""
-    offs = np.zeros(len(weights) + 1, np.int64)
-    np.cumsum([w.shape[0] for w in weights], out=offs[1:])
+    offs = offsets(tuple(w.shape[0] for w in weights))
     out = np.empty((x2.shape[0], int(offs[-1])), np.float32)
     GEMV_GROUP[encoding](_aligned_rows(x2), tuple(weights), offs, out)
     return out
+
+
+_OFFSETS: dict = {}
+
+
+def offsets(sizes: tuple) -> np.ndarray:
+    """``[0, s0, s0+s1, ...]`` as a read-only int64 array, made once per ``sizes`` (a
+    decode step asks for the same few hundred times)."""
+    offs = _OFFSETS.get(sizes)
+    if offs is None:
+        offs = np.array((0, *itertools.accumulate(sizes)), np.int64)
+        offs.flags.writeable = False
+        if len(_OFFSETS) < 4096:
+            _OFFSETS[sizes] = offs
+    return offs
