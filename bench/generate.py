@@ -173,6 +173,14 @@ def _cli_first_token(threads: int, runs: int) -> tuple[list[float], list[float]]
     return times, peaks
 
 
+def _paired(label: str, ours: list, theirs: list) -> None:
+    """Run i of each engine ran back to back: the median of their per-run ratios is steadier
+    than the ratio of medians when the machine's speed drifts between runs."""
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    print(f"    {label}, run by run: llama.cpp {[round(b, 1) for b in theirs]}, ratios "
+          f"{[round(r, 2) for r in ratios]}, median {statistics.median(ratios):.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", choices=["maxdecl", "llama"])
@@ -207,6 +215,8 @@ def main() -> None:
         m, l = med("maxdecl", key), med("llama.cpp", key)
         spread = [round(r[key], 1) for r in runs["maxdecl"]]
         print(f"  {label:<17} maxdecl {m:8.1f} {spread}  llama.cpp {l:8.1f}  ratio {m / l:5.2f}x")
+        if key != "rss_mb" and len(runs["llama.cpp"]) > 1:
+            _paired(label, [r[key] for r in runs["maxdecl"]], [r[key] for r in runs["llama.cpp"]])
     print("  peak RSS MB after   " + "".join(f"{label:>13}" for _, label in PHASES))
     for engine in runs:
         print(f"    {engine:<16}" + "".join(f"{med(engine, f'rss_{k}'):13.1f}" for k, _ in PHASES))
@@ -216,6 +226,10 @@ def main() -> None:
     print(f"  {N_BATCH} prompts decoding together: {b:.1f} tokens/s in all "
           f"({b / med('maxdecl', 'decode_tps'):.2f}x maxdecl's one stream, "
           f"{b / l1:.2f}x llama.cpp's one stream)")
+    if len(runs["llama.cpp"]) > 1:
+        _paired(f"{N_BATCH} prompts together / llama.cpp one stream",
+                [r["batch_decode_tps"] for r in runs["maxdecl"]],
+                [r["decode_tps"] for r in runs["llama.cpp"]])
     for name in ("story", "list"):
         print(f"  prompt lookup (8 drafts) on the {name} prompt: decode "
               f"{med('maxdecl', f'lookup_{name}_speedup'):.2f}x plain greedy, "
