@@ -156,6 +156,12 @@ def _cli_first_token(threads: int, runs: int) -> tuple[list[float], list[float]]
     cmd = [sys.executable, "-m", "maxdecl", "run", spec, "--prompt", "Once upon a time",
            "--max-new-tokens", "1"]
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    # a warm start has the bytecode cache too: Python writes it on first import (pip at
+    # install), unless PYTHONDONTWRITEBYTECODE is set, as on some CI machines
+    import compileall
+
+    import maxdecl
+    compileall.compile_dir(os.path.dirname(maxdecl.__file__), quiet=1)
     subprocess.run(cmd, capture_output=True, env=env, check=True)      # fill the cache
     times, peaks = [], []
     for _ in range(runs):
