@@ -72,6 +72,7 @@ class CompiledGraph:
                              f"-> array, got {type(weights).__name__}")
         self.name = graph.name
         self.input_types = [v.type for v in graph.inputs]
+        self.input_dims = [_dim_kinds(t) for t in self.input_types]
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = list(graph.output_names)
         self.weights = weights
@@ -165,7 +166,7 @@ def _bind_one(compiled, i, a, symbols) -> list:
         raise GraphError(f"{name}: {label}: expected rank {len(t.shape)} {t}, "
                          f"got shape {format_shape(a.shape)}")
     compound = []
-    for (kind, want), got in zip(_dim_kinds(compiled, i), a.shape):
+    for (kind, want), got in zip(compiled.input_dims[i], a.shape):
         if kind == "int":
             if want != got:
                 raise GraphError(f"{name}: {label}: expected {t}, got shape "
@@ -179,17 +180,11 @@ def _bind_one(compiled, i, a, symbols) -> list:
     return compound
 
 
-def _dim_kinds(compiled, i) -> list:
-    """``[(kind, dim)]`` of input ``i``'s declared dims, kind "int", "symbol" (one name)
-    or "compound"; worked out once per compiled graph (a batched step checks every
-    sequence's cache input with it)."""
-    kinds = compiled.__dict__.setdefault("_dim_kinds", {})
-    got = kinds.get(i)
-    if got is None:
-        got = kinds[i] = [("int", d) if isinstance(d, int) else
-                          ("symbol", d) if dims.poly(d) == {(d,): 1} else ("compound", d)
-                          for d in compiled.input_types[i].shape]
-    return got
+def _dim_kinds(t) -> list:
+    """``[(kind, dim)]`` of a type's declared dims, kind "int", "symbol" (one name) or
+    "compound" (worked out once: a batched step checks every sequence's cache with it)."""
+    return [("int", d) if isinstance(d, int) else
+            ("symbol", d) if dims.poly(d) == {(d,): 1} else ("compound", d) for d in t.shape]
 
 
 def _check_batch(compiled, arrays, rows) -> list:

@@ -20,7 +20,9 @@ No fast-math flag is set on this IR, so LLVM cannot reassociate, and every x row
 computed by the same instructions whether it runs alone or with up to 7 others: a
 row's output is bit-identical for any number of rows (tested), which is what lets a
 sequence decoded in a batch get exactly its solo logits. Rows are taken 8, 4, 2 and
-1 at a time. L is 16 (zmm) where the CPU has AVX-512, else 8; both are tested.
+1 at a time. L is 16 (zmm) where the CPU has AVX-512, else 8; both are tested. With
+16 lanes, q4_0, q5_0 and q4_k decode through per-block tables (``TABLE_LAYOUT``); x rows
+are read from 64-byte boundaries (``_aligned_rows``).
 Block layouts: ``block_rows.py``.
 """
 
@@ -365,7 +367,9 @@ def _matrix(a, dtype) -> bool:
 def row_intrinsic(enc: str, lanes: int | None = None, table: bool = True):
     """An intrinsic ``(w, r, x, out, col) -> None``: ``out[m, col] = W[r] . x[m]`` for every
     row m of x, with W the packed ``enc`` blocks ``w`` (2-D uint8, C order), x (M, K)
-    float32 C order and out (M, *) float32. ``lanes``: 16 or 8 (default: the CPU's)."""
+    float32 C order and out (M, *) float32. ``lanes``: 16 or 8 (default: the CPU's);
+    ``table``: with 16 lanes, the table decoders where an encoding has one (the same
+    numbers as the plain decoders, fewer instructions)."""
     lanes = lanes or host_lanes()
     lay = TABLE_LAYOUT.get(enc, LAYOUT[enc]) if lanes == 16 and table else LAYOUT[enc]
 
