@@ -50,10 +50,13 @@ class Sampler:
         self.seed = p["seed"] if p["seed"] is not None else secrets.randbits(64)
         self.rng = np.random.default_rng(self.seed)
 
+    def _no_penalty(self, context) -> bool:
+        return ((self.repeat_penalty == 1.0 and not self.presence_penalty
+                 and not self.frequency_penalty) or self.repeat_last_n == 0 or not len(context))
+
     def penalize(self, logits: np.ndarray, context=()) -> np.ndarray:
         """``logits`` (float64) with the penalties applied for the ids in ``context``."""
-        if (self.repeat_penalty == 1.0 and not self.presence_penalty
-                and not self.frequency_penalty) or self.repeat_last_n == 0 or not len(context):
+        if self._no_penalty(context):
             return logits
         window = context if self.repeat_last_n < 0 else context[-self.repeat_last_n:]
         ids, counts = np.unique(np.asarray(window, np.int64), return_counts=True)
@@ -66,6 +69,10 @@ class Sampler:
         return logits
 
     def __call__(self, logits: np.ndarray, context=()) -> int:
+        if self.temperature == 0 and self._no_penalty(context):
+            # plain greedy: the argmax of the logits as they are (widening to float64
+            # keeps every value and tie, and would copy 262144 of them a token)
+            return int(np.argmax(np.asarray(logits).reshape(-1)))
         logits = self.penalize(np.asarray(logits, dtype=np.float64).reshape(-1), context)
         if self.temperature == 0:
             return int(np.argmax(logits))
