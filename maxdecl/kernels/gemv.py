@@ -21,7 +21,7 @@ computed by the same instructions whether it runs alone or with up to 7 others: 
 row's output is bit-identical for any number of rows (tested), which is what lets a
 sequence decoded in a batch get exactly its solo logits. Rows are taken 8, 4, 2 and
 1 at a time. L is 16 (zmm) where the CPU has AVX-512, else 8; both are tested. With
-16 lanes, q4_0, q5_0 and q4_k decode through per-block tables (``TABLE_LAYOUT``); x rows
+16 lanes, q4_0 and q5_0 decode through per-block tables (``TABLE_LAYOUT``); x rows
 are read from 64-byte boundaries (``_aligned_rows``).
 Block layouts: ``block_rows.py``.
 """
@@ -280,9 +280,9 @@ def _q6_k_unit(builder, bp, dsc, u, lanes):
 # -- table decoders (16 lanes, AVX-512): a 4-bit or 5-bit code indexes a per-block table
 # of its dequantized values (vpermps / vpermt2ps read only the index's low 4 / 5 bits),
 # which replaces the per-vector mask, int->float convert and multiply. The table entries
-# are the same operations on the same numbers as above (``d * (i - 8)``,
-# ``d * sc * i - dmin * m``), so the decoded floats are bit-identical to the plain
-# decoders' (tested). One thread, M=1, W in cache: q4_0 1.13x, q5_0 1.10x, q4_k even.
+# are the same operations on the same numbers as above (``d * (i - 8)``, ``d * (i - 16)``),
+# so the decoded floats are bit-identical to the plain decoders' (tested). One thread,
+# M=1, W in cache: q4_0 1.13x, q5_0 1.10x; q4_k measured even, so it has none.
 def _permvar(builder, table, idx):
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(table.type, [table.type, idx.type]),
@@ -328,19 +328,6 @@ def _q5_0_unit_t(builder, bp, tables, u, lanes):
     return out
 
 
-def _q4_k_unit_t(builder, bp, ctx, u, lanes):
-    dsc, ndm = ctx
-    fma = _intrinsic_fn(builder, "llvm.fmuladd", ir.VectorType(_IR_F32, 16), 3)
-    q = [_bytes(builder, bp, 16 + 32 * u + 16 * k, 16) for k in range(2)]
-    out = []
-    for half in range(2):
-        s = 2 * u + half
-        table = builder.call(fma, [_ramp(0, 16), _ir_lane(builder, dsc, s, 16),
-                                   _ir_lane(builder, ndm, s, 16)])
-        out += [_permvar(builder, table, builder.lshr(v, _vi(16, 4)) if half else v) for v in q]
-    return out
-
-
 LAYOUT = {
     "q8_0": _Layout(32, 34, _d_at0, _q8_0_unit, prefetch=16384),
     "q4_0": _Layout(32, 18, _d_at0, _q4_0_unit, prefetch=4096),
@@ -351,7 +338,6 @@ LAYOUT = {
 TABLE_LAYOUT = {     # the 16-lane decoders where a table lookup does the work
     "q4_0": _Layout(32, 18, _q4_0_table, _q4_0_unit_t, prefetch=4096),
     "q5_0": _Layout(32, 22, _q5_0_table, _q5_0_unit_t, prefetch=4096),
-    "q4_k": _Layout(256, 144, _q4_k_prepare, _q4_k_unit_t),
 }
 # Software prefetch ahead of the row being read, for weights streamed from DRAM: q8_0 16 KiB
 # (Gemma's tied output head: +15-20%, measured on the earlier 8-lane kernel); q4_0 and
