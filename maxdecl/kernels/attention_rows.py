@@ -154,17 +154,19 @@ def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, win
 
 
 def packed_rows(q: np.ndarray, sizes: list, ks: list, vs: list, scale: float, causal: bool,
-                window, slopes, softcap) -> np.ndarray:
+                window, slopes, softcap, addresses: list | None = None) -> np.ndarray:
     """``attention_rows`` on the query rows of every sequence one after another in ``q``
     ``(sum sizes, Hq, D)`` float32 C order (``check_rows`` done by the caller) ->
-    ``(sum sizes, Hq, Dv)`` float32."""
+    ``(sum sizes, Hq, Dv)`` float32. ``addresses``: each sequence's (keys, values) data
+    addresses when the caller knows them (a KV cache records its buffer's), else None."""
     hq, d = q.shape[1:]
     hkv, dv = ks[0].shape[1], vs[0].shape[2]
-    ks = [_f32_c(k) for k in ks]
-    vs = [_f32_c(v) for v in vs]
     lengths = [k.shape[0] for k in ks]
-    seqs = np.array([(address(k), address(v), t) for k, v, t in zip(ks, vs, lengths)],
-                    np.int64)
+    if addresses is None or any(a is None for a in addresses):
+        ks = [_f32_c(k) for k in ks]          # a copy, if any, lives to the kernel call
+        vs = [_f32_c(v) for v in vs]
+        addresses = [(address(k), address(v)) for k, v in zip(ks, vs)]
+    seqs = np.array([(ak, av, t) for (ak, av), t in zip(addresses, lengths)], np.int64)
     rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, lengths))
                      for i in range(n)], np.int64).reshape(-1, 2)
     sl = _zeros(hq) if slopes is None else np.asarray(slopes, dtype=np.float32).reshape(hq)

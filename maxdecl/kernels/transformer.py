@@ -10,8 +10,8 @@ import numpy as np
 from .. import codecs
 from ..tensors import QuantizedTensor
 from . import attention, rope
-from .attention_rows import attention_rows, check_rows, packed_rows
-from .kv_cache import append_kv
+from .attention_rows import check_rows, packed_rows
+from .kv_cache import append_kv, kv_addresses
 
 FEW_ROWS = 16  # up to this many query rows (a decode or lookup-verify step) per sequence
 
@@ -65,8 +65,12 @@ def _attention_run(args, attrs):
     q, k, v, *rest = args
     k, v, new_cache = _with_cache(k, v, rest)
     if _rows_kernel(q, k, v):
-        (out,) = attention_rows([q], [k], [v], _scale(attrs, q.shape[-1]), attrs["causal"],
-                                attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"])
+        check_rows([q.shape], [k], [v], attrs["alibi_slopes"])
+        out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), [q.shape[0]], [k], [v],
+                          _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
+                          attrs["alibi_slopes"], attrs["softcap"],
+                          [kv_addresses(new_cache) if new_cache is not None and
+                           k.dtype == np.float32 else None])
         out = out.astype(q.dtype, copy=False)
         return [out] if new_cache is None else [out, new_cache]
     *qb, s, hq, d = q.shape
@@ -103,7 +107,8 @@ def _attention_batch(args, rows, attrs):
     check_rows([(n,) + q.shape[1:] for n in rows], keys, values, attrs["alibi_slopes"])
     out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), keys, values,
                       _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
-                      attrs["alibi_slopes"], attrs["softcap"])
+                      attrs["alibi_slopes"], attrs["softcap"],
+                      [kv_addresses(c) if k.dtype == np.float32 else None for c in caches])
     return [out.astype(q.dtype, copy=False), caches]
 
 
