@@ -252,6 +252,22 @@ def _deq_tile(kind, w, r0, r1, out):
         _decode_row(kind, w, r0 + i, out[i])
 
 
+@numba.njit(cache=CACHE)
+def _gather_rows(kind, w, ids, out):
+    # rows ids[i] of w -> out[i], on the calling thread (a decode step's few embeddings:
+    # no parallel region to wake)
+    for i in range(ids.shape[0]):
+        _decode_row(kind, w, ids[i], out[i])
+
+
+def gather_rows(w: np.ndarray, encoding: str, k: int, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` (int64, each in range: checked by the caller) of the packed ``w``
+    (N, K // be * bb) decoded exactly to float32 (len(ids), k), serially."""
+    out = np.empty((ids.shape[0], k), np.float32)
+    _gather_rows(KINDS[encoding], w, ids, out)
+    return out
+
+
 def dequantize_blocks(encoding: str, blocks: np.ndarray, out: np.ndarray) -> None:
     """Decode ``blocks`` (n_blocks, block_bytes) uint8 into the C-contiguous float32
     ``out`` (n_blocks * block_elements values), in parallel over runs of whole blocks

@@ -11,6 +11,7 @@ from .. import codecs
 from ..tensors import QuantizedTensor
 from . import attention, rope
 from .attention_rows import check_rows, packed_rows
+from .block_rows import KINDS, gather_rows
 from .kv_cache import append_kv, kv_addresses
 
 FEW_ROWS = 16  # up to this many query rows (a decode or lookup-verify step) per sequence
@@ -25,7 +26,12 @@ def _embedding_run(args, attrs):
         raise IndexError(f"id {bad} is out of range for a table of {vocab} rows")
     if isinstance(table, QuantizedTensor):
         k = table.shape[1]
-        rows = codecs.get(table.encoding).dequantize(table.data[flat], (flat.size, k))
+        data = table.data
+        if (flat.size <= FEW_ROWS and table.encoding in KINDS and data.ndim == 2
+                and data.dtype == np.uint8 and data.flags.c_contiguous):  # decode: serially
+            rows = gather_rows(data, table.encoding, k, flat)
+        else:
+            rows = codecs.get(table.encoding).dequantize(data[flat], (flat.size, k))
         return [np.asarray(rows, np.float32).reshape(ids.shape + (k,))]
     return [np.take(table, flat, axis=0).reshape(ids.shape + (table.shape[1],))]
 

@@ -18,15 +18,16 @@ def test_embedding_float(rng):
                                                    torch.from_numpy(table)).numpy())
 
 
-@pytest.mark.parametrize("enc", ["q8_0", "q4_0"])
-def test_embedding_quantized_dequantizes_gathered_rows(rng, enc):
-    table = rng.standard_normal((7, 64)).astype(np.float32)
+@pytest.mark.parametrize("n_ids", [3, 40])   # a few rows (decoded serially) and many
+@pytest.mark.parametrize("enc", ["q8_0", "q4_0", "q5_0", "q4_k", "q6_k", "bf16"])
+def test_embedding_quantized_dequantizes_gathered_rows(rng, enc, n_ids):
+    table = rng.standard_normal((7, 256)).astype(np.float32)
     g = md.Graph("t", [md.TensorType("int32", ("seq",))])
     t = g.quantize(table, enc)
     y = md.ops.embedding(t, g.inputs[0])
-    assert y.dtype == md.DType.float32 and y.shape == ("seq", 64)
+    assert y.dtype == md.DType.float32 and y.shape == ("seq", 256)
     g.output(y)
-    ids = np.array([6, 2, 2], np.int32)
+    ids = rng.integers(0, 7, n_ids).astype(np.int32)
     (out,) = g.execute(ids)
     full = md.codecs.get(enc).dequantize(md.codecs.get(enc).quantize(table), table.shape)
     np.testing.assert_array_equal(out, full[ids])
