@@ -82,8 +82,10 @@ def worker_maxdecl(threads: int) -> dict:
 
 
 def _batched(model, ids) -> dict:
-    """N_BATCH prompts (prefixes of the bench prompt) decoding N_GEN tokens together:
-    aggregate decode tokens/s over the decode steps; the ids equal each prompt's solo."""
+    """N_BATCH prompts (prefixes of the bench prompt) decoding N_GEN tokens together, one
+    joining per step (its prefill) as the runner admits them: tokens/s over the steps where
+    all N_BATCH decode and none is admitted, and over every decode step of the job (the
+    ramp in and out included); the ids equal each prompt's solo."""
     import numpy as np
 
     from maxdecl.pipelines.batching import BatchRunner, Request
@@ -91,9 +93,20 @@ def _batched(model, ids) -> dict:
     runner = BatchRunner(model.compiled, max_batch=N_BATCH)
     reqs = [Request(ids[:N_PROMPT - 8 * k], lambda row: int(np.argmax(row)), N_GEN)
             for k in range(N_BATCH)]
-    runner.run(reqs)
+    for r in reqs:
+        runner.add(r)
+    full_tokens, full_s = 0, 0.0
+    while runner.busy:
+        full = runner.decoding == N_BATCH and not runner.waiting
+        before = sum(len(r.ids) for r in reqs)
+        t = time.perf_counter()
+        runner.step()
+        if full:
+            full_s += time.perf_counter() - t
+            full_tokens += sum(len(r.ids) for r in reqs) - before
     steps = sum(r.decode_s for r in reqs)
-    return {"batch_decode_tps": sum(len(r.ids) - 1 for r in reqs) / steps}
+    return {"batch_decode_tps": full_tokens / full_s,
+            "batch_job_tps": sum(len(r.ids) - 1 for r in reqs) / steps}
 
 
 def _lookup(model, tok, ids) -> dict:
@@ -229,13 +242,16 @@ def main() -> None:
     m, l = med("maxdecl", "rss_mb"), med("llama.cpp", "rss_mb")
     print(f"  peak RSS: maxdecl {m:.1f} MB = {m / l:.2f}x llama.cpp's {l:.1f} MB (target <= 1.10x)")
     b, l1 = med("maxdecl", "batch_decode_tps"), med("llama.cpp", "decode_tps")
-    print(f"  {N_BATCH} prompts decoding together: {b:.1f} tokens/s in all "
-          f"({b / med('maxdecl', 'decode_tps'):.2f}x maxdecl's one stream, "
+    print(f"  {N_BATCH} prompts decoding together (steps where all {N_BATCH} decode): {b:.1f} "
+          f"tokens/s in all ({b / med('maxdecl', 'decode_tps'):.2f}x maxdecl's one stream, "
           f"{b / l1:.2f}x llama.cpp's one stream)")
     if len(runs["llama.cpp"]) > 1:
         _paired(f"{N_BATCH} prompts together / llama.cpp one stream",
                 [r["batch_decode_tps"] for r in runs["maxdecl"]],
                 [r["decode_tps"] for r in runs["llama.cpp"]])
+    j = med("maxdecl", "batch_job_tps")
+    print(f"    the whole job, joining one a step and finishing one a step: {j:.1f} tokens/s "
+          f"in all ({j / l1:.2f}x llama.cpp's one stream)")
     for name in ("story", "list"):
         print(f"  prompt lookup (8 drafts) on the {name} prompt: decode "
               f"{med('maxdecl', f'lookup_{name}_speedup'):.2f}x plain greedy, "

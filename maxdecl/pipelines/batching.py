@@ -109,6 +109,16 @@ class BatchRunner:
         self._waiting.append(request)
 
     @property
+    def decoding(self) -> int:
+        """Requests in the batch now (admitted, not finished)."""
+        return sum(not r.done for r in self._active)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a free slot."""
+        return len(self._waiting)
+
+    @property
     def busy(self) -> bool:
         """Whether a request is waiting or decoding."""
         return bool(self._waiting or self._active)

@@ -40,6 +40,20 @@ def test_batched_greedy_equals_solo(compiled):
     assert all(r.finish_reason == "length" and len(r.ids) == 8 for r in together)
 
 
+def test_runner_reports_waiting_and_decoding(compiled):
+    """One request joins per step while slots are free; finished ones leave."""
+    runner = BatchRunner(compiled, max_batch=2)
+    for n in (3, 2, 1):
+        runner.add(Request([5, 7, 9][:n], greedy, 10))
+    assert (runner.waiting, runner.decoding) == (3, 0)
+    seen = []
+    while runner.busy:
+        runner.step()
+        seen.append((runner.waiting, runner.decoding))
+    assert seen[:2] == [(2, 1), (1, 2)] and seen[-1] == (0, 0)
+    assert max(d for _, d in seen) == 2
+
+
 def test_batched_logits_are_bit_identical_to_one_sequence(compiled):
     """One decode step of three sequences against each alone, through the graph."""
     runner = BatchRunner(compiled)
