@@ -29,6 +29,7 @@ Block layouts: ``block_rows.py``.
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numba
 import numpy as np
@@ -550,9 +551,18 @@ def _aligned_rows(x2: np.ndarray) -> np.ndarray:
     unchanged. The arithmetic is the same either way."""
     if x2.shape[0] == 1 or rows_aligned(x2):
         return x2
-    out = empty_aligned(x2.shape)                  # K: whole blocks, so rows of 128n bytes
-    out[...] = x2
+    # the copy lives only through the kernel call: one scratch per thread and shape
+    scratch = _SCRATCH.__dict__.setdefault("by_shape", {})
+    out = scratch.get(x2.shape)
+    if out is None:
+        if len(scratch) >= 64:
+            scratch.clear()
+        out = scratch[x2.shape] = empty_aligned(x2.shape)   # K: whole blocks: 128n bytes a row
+    np.copyto(out, x2)
     return out
+
+
+_SCRATCH = threading.local()
 
 
 def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:

@@ -20,11 +20,10 @@ MIN_ROOM = 64  # positions allocated at least when a cache buffer is (re)made
 class KVCache(np.ndarray):
     """An ndarray ``[2, ..., T, Hkv, D]`` that knows the buffer it sits at the front of."""
 
-    room = None  # (buffer, [positions filled], buffer address) shared by its views
-
-    def __array_finalize__(self, obj):
-        # slices and copies of a cache are plain values: they do not own the room
-        self.room = None
+    # (buffer, [positions filled], buffer address), set on the views append_kv and
+    # truncate_kv return; slices and copies of a cache see this class default (numpy does
+    # not carry an instance's attributes to its views), so they do not own the room
+    room = None
 
 
 def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:

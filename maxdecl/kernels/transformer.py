@@ -54,6 +54,9 @@ def _with_cache(k, v, rest):
         raise ValueError(f"a kv_cache {list(past.shape)} needs k and v of one shape with its "
                          f"heads and head_dim, got k {list(k.shape)}, v {list(v.shape)}")
     new_cache = append_kv(past, k, v)
+    if new_cache.ndim == 4 and new_cache.room is not None:   # plain views of the buffer
+        buf, t = new_cache.room[0], new_cache.shape[1]
+        return buf[0, :t], buf[1, :t], new_cache
     return new_cache[0], new_cache[1], new_cache
 
 
