@@ -54,11 +54,11 @@ def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def kv_addresses(cache) -> tuple | None:
-    """``(address of cache[0], of cache[1])`` for a ``[2, T, Hkv, D]`` KVCache view at the
-    front of its buffer, read from the buffer's record (``address`` of a fresh view
+    """``(address of cache[0], of cache[1])`` for a float32 ``[2, T, Hkv, D]`` KVCache view
+    at the front of its buffer, read from the buffer's record (``address`` of a fresh view
     costs microseconds a call); None for any other array."""
     room = getattr(cache, "room", None)
-    if room is None or cache.ndim != 4 or room[0].ndim != 4:
+    if room is None or cache.ndim != 4 or room[0].ndim != 4 or cache.dtype != np.float32:
         return None
     return room[2], room[2] + room[0].strides[0]
 

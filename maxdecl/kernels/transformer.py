@@ -78,8 +78,7 @@ def _attention_run(args, attrs):
         out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), [q.shape[0]], [k], [v],
                           _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
                           attrs["alibi_slopes"], attrs["softcap"],
-                          [kv_addresses(new_cache) if new_cache is not None and
-                           k.dtype == np.float32 else None])
+                          [kv_addresses(new_cache) if new_cache is not None else None])
         out = out.astype(q.dtype, copy=False)
         return [out] if new_cache is None else [out, new_cache]
     *qb, s, hq, d = q.shape
@@ -117,7 +116,7 @@ def _attention_batch(args, rows, attrs):
     out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), keys, values,
                       _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
                       attrs["alibi_slopes"], attrs["softcap"],
-                      [kv_addresses(c) if k.dtype == np.float32 else None for c in caches])
+                      [kv_addresses(c) for c in caches])
     return [out.astype(q.dtype, copy=False), caches]
 
 

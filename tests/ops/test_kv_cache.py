@@ -41,3 +41,25 @@ def test_slices_of_a_cache_do_not_own_its_room():
     grown = append_kv(head, np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32))
     np.testing.assert_array_equal(past[:, 2], 1)   # the original third position is intact
     assert grown.shape == (2, 3, 1, 4) and not grown[:, 2].any()
+
+
+def test_kv_addresses_are_the_views_addresses_and_only_for_float32():
+    from maxdecl.kernels.aligned import address
+    from maxdecl.kernels.kv_cache import append_kv, kv_addresses, truncate_kv
+
+    rng = np.random.default_rng(1)
+    for dtype in (np.float32, np.float16):
+        cache = np.zeros((2, 0, 2, 8), dtype)
+        for n in (3, 1, 1, 70):                 # the last one outgrows the buffer
+            k = rng.standard_normal((n, 2, 8)).astype(np.float32)
+            cache = append_kv(cache, k, k)
+            got = kv_addresses(cache)
+            if dtype == np.float16:
+                assert got is None
+            else:
+                assert got == (address(cache[0]), address(cache[1]))
+        cut = truncate_kv(cache, 4)
+        assert kv_addresses(cut) == (None if dtype == np.float16 else
+                                     (address(cut[0]), address(cut[1])))
+        assert kv_addresses(cache[:, :2]) is None     # a slice does not own the room
+        assert kv_addresses(np.asarray(cache)) is None
