@@ -27,9 +27,15 @@ def qmatmul(x, qt):
     """``x @ dequantize(qt).T`` for a QuantizedTensor ``qt`` ``[N, K]``."""
     n, k = qt.shape
     enc = codecs.get(qt.encoding)
-    if (x.ndim == 2 and x.shape[0] == 1 and x.shape[1] == k and n and x.dtype == np.float32
-            and x.flags.c_contiguous and _block_kernels(enc)):     # decode: keep it lean
-        return kq.qmatmul_blocks(x, np.ascontiguousarray(qt.data), qt.encoding)
+    data = qt.data
+    if (x.ndim == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.shape[1] == k and n
+            and x.dtype == np.float32 and x.flags.c_contiguous and data.ndim == 2
+            and data.shape[0] == n and data.dtype == np.uint8 and data.flags.c_contiguous
+            and _block_kernels(enc)):
+        # decode, batched decode: straight to the GEMV (the weight was checked when bound)
+        out = np.empty((x.shape[0], n), np.float32)
+        kq.gemv(x, data.view(np.uint16) if qt.encoding == "bf16" else data, qt.encoding, out)
+        return out
     if x.shape[-1] != k:
         raise ValueError(f"x{format_shape(x.shape)} vs w{format_shape(qt.shape)}: "
                          "K must match")
