@@ -34,3 +34,25 @@ def close(a, b, atol=1e-5, rtol=1e-5, label=""):
         bad = np.argwhere(diff > tol)
         assert not len(bad), (f"{label}: max diff {diff.max():.3g}, first mismatch at "
                               f"{tuple(bad[0])}: {a[tuple(bad[0])]} vs {b[tuple(bad[0])]}")
+
+
+def packed_blocks(enc, n, k, rng):
+    """GGML bytes (n, k // be * bb) for ``enc``: gguf-py's quantizer, or random K-quant
+    blocks with sane fp16 scales (gguf-py has no K-quant quantizer)."""
+    from gguf import GGMLQuantizationType as GT
+    from gguf import quants as gq
+
+    from maxdecl.blocks import block_size
+
+    be, bb = block_size(enc)
+    if enc in ("q4_k", "q6_k"):
+        nb = k // be
+        raw = rng.integers(0, 256, (n, nb, bb), dtype=np.uint8)
+        scales = (rng.standard_normal((n, nb, 2)) * 0.02).astype(np.float16).view(np.uint8)
+        if enc == "q4_k":
+            raw[..., 0:4] = scales                    # d, dmin
+        else:
+            raw[..., 208:210] = scales[..., 0:2]      # d
+        return raw.reshape(n, nb * bb)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    return gq.quantize(w, getattr(GT, enc.upper()))

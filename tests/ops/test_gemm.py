@@ -18,26 +18,10 @@ from gguf import quants as gq
 from maxdecl.kernels import gemm as kg
 from maxdecl.kernels.block_rows import KINDS, LAYOUTS
 from maxdecl.kernels.gemv import _target_has
+from ophelp import packed_blocks
 
 FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16"]
 TOL = 2e-6
-
-
-def _packed(enc, n, k, rng):
-    """GGML bytes (n, k // be * bb): gguf-py's quantizer, or random K-quant blocks with
-    moderate fp16 scales."""
-    be, bb = LAYOUTS[enc]
-    if enc in ("q4_k", "q6_k"):
-        nb = k // be
-        raw = rng.integers(0, 256, (n, nb, bb), dtype=np.uint8)
-        scales = (rng.standard_normal((n, nb, 2)) * 0.02).astype(np.float16).view(np.uint8)
-        if enc == "q4_k":
-            raw[..., 0:4] = scales
-        else:
-            raw[..., 208:210] = scales[..., 0:2]
-        return raw.reshape(n, nb * bb)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    return gq.quantize(w, getattr(GT, enc.upper()))
 
 
 def _check(enc, x, data, out):
@@ -56,7 +40,7 @@ def test_gemm_matches_gguf_reference(enc, lanes):
     be = LAYOUTS[enc][0]
     for m, n, k in ((17, 37, 2 * max(be, 32)), (33, 70, 3 * max(be, 32)),
                     (100, 97, 4 * max(be, 32)), (200, 1, max(be, 32))):
-        data = _packed(enc, n, k, rng)
+        data = packed_blocks(enc, n, k, rng)
         x = rng.standard_normal((m, k)).astype(np.float32)
         out = np.full((m, n), np.nan, np.float32)
         kg.gemm(KINDS[enc], x, data, out, lanes)
@@ -69,7 +53,7 @@ def test_gemm_every_m_and_ragged_k(lanes, mr, rb):
     the K slice, every M from 17 to 70 and a few up to 200, with other tile shapes."""
     rng = np.random.default_rng(lanes * 100 + mr)
     n, k = 45, 141
-    data = _packed("bf16", n, k, rng)
+    data = packed_blocks("bf16", n, k, rng)
     for m in [*range(17, 71), 95, 128, 129, 200]:
         x = rng.standard_normal((m, k)).astype(np.float32)
         out = np.full((m, n), np.nan, np.float32)
@@ -103,7 +87,7 @@ def test_gemm_reads_nothing_past_x_and_w(enc, lanes):
     rng = np.random.default_rng(9)
     be = LAYOUTS[enc][0]
     m, n, k = 41, 23, (256 if be > 1 else 73)
-    data = _packed(enc, n, k, rng)
+    data = packed_blocks(enc, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     gx, keep_x = _guarded(x.shape, np.float32)
     gw, keep_w = _guarded(data.shape, np.uint8)

@@ -12,29 +12,13 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 
 import maxdecl as md
+from ophelp import packed_blocks
 
 F32 = md.DType.float32
 FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16"]
 BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
          "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2)}
 TOL = 2e-6  # |out - ref| <= TOL * (|x| @ |W|.T): float32 rounding, far below one quant step
-
-
-def _packed(enc, n, k, rng):
-    """GGML bytes (n, k // be * bb) for ``enc``: gguf-py's quantizer, or random K-quant
-    blocks with sane fp16 scales (gguf-py has no K-quant quantizer)."""
-    be, bb = BLOCK[enc]
-    if enc in ("q4_k", "q6_k"):
-        nb = k // be
-        raw = rng.integers(0, 256, (n, nb, bb), dtype=np.uint8)
-        scales = (rng.standard_normal((n, nb, 2)) * 0.02).astype(np.float16).view(np.uint8)
-        if enc == "q4_k":
-            raw[..., 0:4] = scales                    # d, dmin
-        else:
-            raw[..., 208:210] = scales[..., 0:2]      # d
-        return raw.reshape(n, nb * bb)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    return gq.quantize(w, getattr(GT, enc.upper()))
 
 
 def _reference(x, data, enc):
@@ -58,7 +42,7 @@ def test_matches_gguf_reference(enc, m):
     be = BLOCK[enc][0]
     k = be * int(rng.integers(2, 5)) if be > 1 else int(rng.integers(40, 300))
     n = int(rng.integers(1, 70))
-    data = _packed(enc, n, k, rng)
+    data = packed_blocks(enc, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     out = _run(x, md.QuantizedTensor(data, (n, k), enc))
     ref, scale = _reference(x, data, enc)
@@ -77,7 +61,7 @@ def test_many_tiles_and_leading_dims(enc, monkeypatch):
     rng = np.random.default_rng(7)
     be = BLOCK[enc][0]
     k, n = (512 if be > 1 else 96), 29
-    data = _packed(enc, n, k, rng)
+    data = packed_blocks(enc, n, k, rng)
     x = rng.standard_normal((2, 3, k)).astype(np.float32)
     out = _run(x, md.QuantizedTensor(data, (n, k), enc))
     ref, scale = _reference(x.reshape(-1, k), data, enc)
@@ -91,7 +75,7 @@ def test_tile_decoder_is_bit_exact(enc):
 
     rng = np.random.default_rng(3)
     k = 512 if BLOCK[enc][0] > 1 else 64
-    data = _packed(enc, 12, k, rng)
+    data = packed_blocks(enc, 12, k, rng)
     want = gq.dequantize(data, getattr(GT, enc.upper()))
     got = kq.dequantize_rows(data, enc, k, 2, 11)
     np.testing.assert_array_equal(got.view(np.uint32), want[2:11].view(np.uint32))
@@ -208,7 +192,7 @@ def test_graph_quantize_then_qmatmul():
 
 def test_weight_bound_at_execute():
     rng = np.random.default_rng(1)
-    data = _packed("q6_k", 16, 256, rng)
+    data = packed_blocks("q6_k", 16, 256, rng)
     g = md.Graph("t", input_types=[md.TensorType(F32, (1, 256))])
     with g.layer("blk.0.attn_q"):
         w = g.weight("blk.0.attn_q.weight", md.TensorType(F32, (16, 256)), encoding="q6_k")
