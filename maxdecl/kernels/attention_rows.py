@@ -96,6 +96,33 @@ def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, soft
                 slopes, softcap)
 
 
+@numba.njit(cache=CACHE)
+def _write_rows(k, v, dst):
+    # k, v: (R, Hkv, D) f32; dst[s] = (keys address, values address, first
+    # position, rows): sequence s's rows of k and v (the sequences one after another)
+    # go to its buffers from position ``first`` on
+    R, H, D = k.shape
+    r = 0
+    for s in range(dst.shape[0]):
+        first, n = dst[s, 2], dst[s, 3]
+        kd = numba.carray(_f32_pointer(dst[s, 0]), (first + n, H, D))
+        vd = numba.carray(_f32_pointer(dst[s, 1]), (first + n, H, D))
+        for j in range(n):
+            for h in range(H):
+                for e in range(D):
+                    kd[first + j, h, e] = k[r, h, e]
+                    vd[first + j, h, e] = v[r, h, e]
+            r += 1
+
+
+def write_rows(k: np.ndarray, v: np.ndarray, dst: np.ndarray) -> None:
+    """Copy each sequence's rows of ``k`` and ``v`` (``(R, Hkv, D)`` float32, the
+    sequences one after another) into its key and value buffers: ``dst[s]`` = (keys
+    address, values address, first position, rows), buffers of ``(T, Hkv, D)`` float32 C
+    order with room through ``first + rows`` (checked by the caller: the KV cache)."""
+    _write_rows(k, v, dst)
+
+
 _ZEROS: dict = {}
 
 
@@ -127,6 +154,12 @@ def check_rows(q_shapes: list, ks: list, vs: list, slopes) -> None:
                                for qs, k, v in zip(q_shapes, ks, vs))
             raise ValueError(f"attention: sequences must agree in heads and head_dim, with "
                              f"k and v of one length at least q's: {shapes}")
+    check_heads(hq, hkv, slopes)
+
+
+def check_heads(hq: int, hkv: int, slopes) -> None:
+    """ValueError unless the ``hkv`` key/value heads divide the ``hq`` query heads and
+    ALiBi ``slopes`` (or None) has one per query head."""
     if hq and (hkv == 0 or hq % hkv):
         raise ValueError(f"attention: query heads {hq} must be a multiple of key/value "
                          f"heads {hkv}")
@@ -159,7 +192,6 @@ def packed_rows(q: np.ndarray, sizes: list, ks: list, vs: list, scale: float, ca
     ``(sum sizes, Hq, D)`` float32 C order (``check_rows`` done by the caller) ->
     ``(sum sizes, Hq, Dv)`` float32. ``addresses``: each sequence's (keys, values) data
     addresses when the caller knows them (a KV cache records its buffer's), else None."""
-    hq, d = q.shape[1:]
     hkv, dv = ks[0].shape[1], vs[0].shape[2]
     lengths = [k.shape[0] for k in ks]
     if addresses is None or any(a is None for a in addresses):
@@ -167,6 +199,17 @@ def packed_rows(q: np.ndarray, sizes: list, ks: list, vs: list, scale: float, ca
         vs = [_f32_c(v) for v in vs]
         addresses = [(address(k), address(v)) for k, v in zip(ks, vs)]
     seqs = np.array([(ak, av, t) for (ak, av), t in zip(addresses, lengths)], np.int64)
+    return table_rows(q, sizes, seqs, hkv, dv, scale, causal, window, slopes, softcap)
+
+
+def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
+               scale: float, causal: bool, window, slopes, softcap) -> np.ndarray:
+    """``packed_rows`` with each sequence's keys and values given as one row of ``seqs``
+    ``(S, 3)`` int64: (keys address, values address, length T), buffers of ``(T, hkv,
+    D)`` and ``(T, hkv, dv)`` float32 in C order that the caller keeps alive (a KV cache
+    whose shapes it checked)."""
+    hq, d = q.shape[1:]
+    lengths = seqs[:, 2].tolist()
     rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, lengths))
                      for i in range(n)], np.int64).reshape(-1, 2)
     sl = _zeros(hq) if slopes is None else np.asarray(slopes, dtype=np.float32).reshape(hq)

@@ -15,6 +15,7 @@ import numpy as np
 from .aligned import address, empty_aligned
 
 MIN_ROOM = 64  # positions allocated at least when a cache buffer is (re)made
+_F32 = np.dtype(np.float32)
 
 
 class KVCache(np.ndarray):
@@ -51,6 +52,42 @@ def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     room[1][0] = t + s
     out.room = room
     return out
+
+
+def reserve_rows(pasts: list, k: np.ndarray, v: np.ndarray, sizes: list) -> tuple | None:
+    """A batched step's appends in place, one sequence after another in ``k`` and ``v``
+    ``(sum sizes, Hkv, D)`` float32: ``(dst, seqs, caches)``, or None (then
+    ``append_kv`` each) unless every past is the newest float32 ``[2, T, Hkv, D]`` view of
+    its own buffer with room for its rows. ``dst[i]`` = (keys address, values address,
+    T, sizes[i]): where to write sequence i's rows; ``seqs[i]`` = (keys address, values
+    address, T + sizes[i]); ``caches[i]``: the grown view, recorded as the buffer's
+    newest, whose new rows the caller writes (``attention_rows.write_rows``)."""
+    if not (k.dtype == np.float32 and v.dtype == np.float32 and k.ndim == 3
+            and k.shape == v.shape):
+        return None
+    rooms, seen, heads = [], set(), k.shape[1:]
+    for past, n in zip(pasts, sizes):
+        room = getattr(past, "room", None)      # only views of the buffer's ndim have one
+        if room is None or id(room) in seen:
+            return None
+        buf, t = room[0], past.shape[1]
+        if (room[1][0] != t or t + n > buf.shape[1] or buf.ndim != 4 or buf.dtype is not _F32
+                or buf.shape[2:] != heads):
+            return None
+        seen.add(id(room))
+        rooms.append((room, t, n))
+    dst = np.array([x for room, t, n in rooms
+                    for x in (room[2], room[2] + room[0].strides[0], t, n)],
+                   np.int64).reshape(-1, 4)
+    seqs = dst[:, :3].copy()
+    seqs[:, 2] += dst[:, 3]
+    caches = []
+    for room, t, n in rooms:
+        room[1][0] = t + n
+        grown = room[0][:, :t + n].view(KVCache)
+        grown.room = room
+        caches.append(grown)
+    return dst, seqs, caches
 
 
 def kv_addresses(cache) -> tuple | None:

@@ -10,9 +10,9 @@ import numpy as np
 from .. import codecs
 from ..tensors import QuantizedTensor
 from . import attention, rope
-from .attention_rows import check_rows, packed_rows
+from .attention_rows import check_heads, check_rows, packed_rows, table_rows, write_rows
 from .block_rows import KINDS, gather_rows
-from .kv_cache import append_kv, kv_addresses
+from .kv_cache import append_kv, kv_addresses, reserve_rows
 
 FEW_ROWS = 16  # up to this many query rows (a decode or lookup-verify step) per sequence
 
@@ -105,6 +105,17 @@ def _attention_batch(args, rows, attrs):
     q, k, v, *rest = args
     if not (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and max(rows) <= FEW_ROWS):
         return None
+    if q.shape[2] == k.shape[2]:
+        check_heads(q.shape[1], k.shape[1], attrs["alibi_slopes"])
+        grown = reserve_rows(rest[0], k, v, rows)     # the steady state: room in place
+        if grown is not None:
+            dst, seqs, caches = grown
+            write_rows(k, v, dst)
+            out = table_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), seqs,
+                             k.shape[1], v.shape[2], _scale(attrs, q.shape[-1]),
+                             attrs["causal"], attrs["sliding_window"], attrs["alibi_slopes"],
+                             attrs["softcap"])
+            return [out.astype(q.dtype, copy=False), caches]
     caches, keys, values, start = [], [], [], 0
     for n, past in zip(rows, rest[0]):
         kk, vv, cache = _with_cache(k[start:start + n], v[start:start + n], [past])

@@ -63,3 +63,64 @@ def test_kv_addresses_are_the_views_addresses_and_only_for_float32():
                                      (address(cut[0]), address(cut[1])))
         assert kv_addresses(cache[:, :2]) is None     # a slice does not own the room
         assert kv_addresses(np.asarray(cache)) is None
+
+
+def _batched_attention(pasts, q, k, v, rows):
+    from maxdecl.kernels.transformer import RUN_BATCH
+
+    attrs = {"scale": None, "causal": True, "sliding_window": None, "alibi_slopes": None,
+             "softcap": None}
+    return RUN_BATCH["attention"]([q, k, v, pasts], rows, attrs)
+
+
+def _solo_attention(past, q, k, v):
+    from maxdecl.kernels.transformer import RUN
+
+    attrs = {"scale": None, "causal": True, "sliding_window": None, "alibi_slopes": None,
+             "softcap": None}
+    return RUN["attention"]([q, k, v, past], attrs)
+
+
+def _caches(rng, lengths, heads=2, d=8):
+    return [append_kv(np.zeros((2, 0, heads, d), np.float32),
+                      *(rng.standard_normal((t, heads, d)).astype(np.float32) for _ in range(2)))
+            for t in lengths]
+
+
+def test_batched_appends_in_place_equal_each_sequence_alone():
+    """The batched step writes each sequence's rows into its buffer's room (one call for
+    all), and its outputs and grown caches equal each sequence's own step, bit for bit;
+    a batch where two sequences share one buffer's room, or one has none, takes the
+    copying path and still agrees."""
+    from maxdecl.kernels.kv_cache import reserve_rows
+
+    rng = np.random.default_rng(2)
+    for lengths, rows, plain in (([5, 63, 1, 30], [1, 1, 1, 1], None),
+                                 ([7, 2, 40], [3, 1, 2], None), ([7, 2, 40], [3, 1, 2], 1)):
+        pasts = _caches(rng, lengths)
+        if plain is not None:                           # a cache without a buffer's room
+            pasts[plain] = np.array(pasts[plain])
+        solo_pasts = [np.array(p) for p in pasts]      # plain copies: the general path
+        q = rng.standard_normal((sum(rows), 4, 8)).astype(np.float32)
+        k, v = (rng.standard_normal((sum(rows), 2, 8)).astype(np.float32) for _ in range(2))
+        fast = reserve_rows(pasts, k, v, rows) is not None
+        for p in pasts if fast else ():                # undo the probe's reservation
+            p.room[1][0] = p.shape[1]
+        out, caches = _batched_attention(pasts, q, k, v, rows)
+        start = 0
+        for n, cache, past in zip(rows, caches, solo_pasts):
+            want, want_cache = _solo_attention(past, q[start:start + n], k[start:start + n],
+                                               v[start:start + n])
+            np.testing.assert_array_equal(out[start:start + n], want)
+            np.testing.assert_array_equal(cache, want_cache)
+            assert isinstance(cache, KVCache) and cache.room is not None
+            start += n
+        assert fast == (plain is None)
+    shared = _caches(rng, [4])[0]
+    q = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 8)).astype(np.float32) for _ in range(2))
+    assert reserve_rows([shared, shared], k, v, [1, 1]) is None
+    out, (a, b) = _batched_attention([shared, shared], q, k, v, [1, 1])
+    assert not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a[:, -1], np.stack([k[0], v[0]]))
+    np.testing.assert_array_equal(b[:, -1], np.stack([k[1], v[1]]))
