@@ -144,13 +144,36 @@ def _ir_pick(builder, v, idx):
     return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), _vi(len(idx), list(idx)))
 
 
-def _hsum(builder, v):
-    """Horizontal sum of a float vector by halving: a fixed order."""
-    n = v.type.count
-    while n > 1:
-        n //= 2
-        v = builder.fadd(_ir_pick(builder, v, range(n)), _ir_pick(builder, v, range(n, 2 * n)))
-    return builder.extract_element(v, _ir_const(_IR_I32, 0))
+def _hsums(builder, vs):
+    """The horizontal sums of the float vectors ``vs`` (1, 2, 4 or 8 of them), each in one
+    fixed order (lane i plus lane i + n/2, halving n); several vectors' halves share each
+    shuffle and add, and a vector's sum is the same bits whatever others it is reduced
+    with (so a row's dot is the same alone or in a batch)."""
+    lanes = vs[0].type.count
+    width = lanes                       # lanes per vector's partial sums
+    while width > 1:
+        half = width // 2
+        if len(vs) > 1:                 # pair neighbours: both vectors' halves in one
+            pairs = []
+            for a, b in zip(vs[0::2], vs[1::2]):
+                groups = [(v, g) for v, off in ((a, 0), (b, lanes)) for g in
+                          range(off, off + lanes, width)]
+                lo = [g + i for _, g in groups for i in range(half)]
+                hi = [g + half + i for _, g in groups for i in range(half)]
+                pairs.append(builder.fadd(builder.shuffle_vector(a, b, _vi(lanes, lo)),
+                                          builder.shuffle_vector(a, b, _vi(lanes, hi))))
+            vs = pairs
+        else:                           # one vector left: halve its length
+            v = vs[0]
+            n = v.type.count
+            lo = [g + i for g in range(0, n, width) for i in range(half)]
+            hi = [g + half + i for g in range(0, n, width) for i in range(half)]
+            vs = [builder.fadd(_ir_pick(builder, v, lo), _ir_pick(builder, v, hi))]
+        width = half
+    out = []
+    for v in vs:
+        out += [builder.extract_element(v, _ir_const(_IR_I32, j)) for j in range(v.type.count)]
+    return out
 
 
 def _intrinsic_fn(builder, name, vt, nargs):
@@ -474,7 +497,7 @@ def _emit_dots(builder, row, xs, nb, lay, lanes):
     if lay.per_step > 1:           # an odd block count: the last block on its own
         with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, i64(2)), i64(0))):
             step(builder.sub(nb, i64(1)), 1)
-    return [_hsum(builder, builder.fadd(builder.load(a), builder.load(b))) for a, b in accs]
+    return _hsums(builder, [builder.fadd(builder.load(a), builder.load(b)) for a, b in accs])
 
 
 # -- kernels: x (M, K) f32 C order, w (N, K // be * bb) u8 -> out (M, N) f32 -------------
