@@ -115,6 +115,19 @@ def test_run_without_weights_falls_back_to_tiny_random(tmp_path, capsys, monkeyp
     assert "tokens/s" in lines[-1] and "3 generated tokens" in lines[-1]
 
 
+def test_run_rejects_a_prompt_outside_the_vocab_before_printing_it(tmp_path, capsys,
+                                                                   monkeypatch):
+    """A prompt whose ids the model cannot take is a one-line error (exit 2), and the
+    prompt is not echoed first."""
+    text = open(os.path.join(ROOT, "specs", "tinystories.yaml")).read()
+    assert "    vocab: 256\n" in text
+    (tmp_path / "small.yaml").write_text(text.replace("    vocab: 256\n", "    vocab: 128\n"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "small.yaml", "--max-new-tokens", "2", "--prompt", "h\u00e9llo"]) == 2
+    out, err = capsys.readouterr()
+    assert "token ids must be in [0, 128)" in err and "llo" not in out
+
+
 def test_graph_dot_clusters_by_layer(capsys):
     assert main(["graph", os.path.join(ROOT, "specs", "mlp.yaml"), "--dot"]) == 0
     out = capsys.readouterr().out

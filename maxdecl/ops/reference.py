@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 from ._registry import REGISTRY, REQUIRED
 
 _KINDS = [("elementwise", "Elementwise"), ("shape", "Shape"), ("reduction", "Reductions"),
@@ -16,6 +19,19 @@ def _attr(name, default) -> str:
 
 def _outputs(opdef) -> str:
     return opdef.outputs_doc or ("varies" if callable(opdef.outputs) else str(opdef.outputs))
+
+
+def _details(name: str) -> list:
+    """The paragraphs of ``md.ops.<name>``'s docstring after its summary, up to its
+    example: what the attributes mean, in the function's own words."""
+    fn = getattr(importlib.import_module("maxdecl.ops"), name, None)
+    doc = inspect.getdoc(fn) if callable(fn) else None
+    keep = []
+    for para in (doc or "").split("\n\n")[1:]:
+        if para.lstrip().startswith(("Example", "Args:", "Returns:", "Raises:")):
+            break
+        keep.append(para.replace("``", "`"))
+    return ["\n\n".join(keep), ""] if keep else []
 
 
 def reference_markdown() -> str:
@@ -35,6 +51,7 @@ def reference_markdown() -> str:
             ins = ", ".join([f"{i}..." if d.variadic else i for i in d.inputs]
                             + [f"{i}?" for i in d.optional])
             lines += [f"### `{name}({ins})`", "", d.doc[:1].upper() + d.doc[1:] + ".", ""]
+            lines += _details(name)
             attrs = ", ".join(_attr(k, v) for k, v in d.attrs.items()) or "none"
             lines += [f"- attributes: {attrs}", f"- outputs: {_outputs(d)}",
                       f"- type rule: {d.rule_doc}", ""]

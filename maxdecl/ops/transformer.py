@@ -97,7 +97,16 @@ def rope():  # noqa: A001 - the signature comes from the definition
     ``(p / scale) * theta ** (-2i / dim) / freq_factors[i]`` (factors default to 1;
     llama.cpp's ``rope_freqs``, Llama 3.1 scaling). ``style="normal"``: pairs
     ``(x[2i], x[2i+1])`` (GGML's default rope); ``"neox"``: pairs ``(x[i], x[i + dim/2])``
-    (HF Llama/Gemma). Features past ``dim`` pass through unchanged.
+    (Hugging Face's ``rotate_half``). ``dim``: how many leading features of each head
+    rotate (partial rotary, HF's ``partial_rotary_factor * head_dim``); features past
+    ``dim`` pass through unchanged. ``scale``: linear position scaling (positions are
+    divided by it, HF's ``rope_scaling`` of type ``linear``).
+
+    Hugging Face checkpoints (Llama, Qwen2, Gemma, Phi-3, ...) rotate halves: run them
+    with ``style: neox``. llama.cpp's converter reorders Llama-family q/k rows so that
+    GGUF files rotate adjacent pairs (``normal``); a spec that reads both formats keeps
+    ``normal`` and gives the HF weights the ``permute_qk`` transform (spec.md, Foreign
+    formats), as ``specs/llama3.yaml`` does.
 
     Example::
 

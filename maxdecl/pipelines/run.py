@@ -62,7 +62,7 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, looku
         raise WeightsError(f"{model.source}: no tokenizer in the weights or beside them: pass "
                            "--tokenizer PATH (a `maxdecl quantize` checkpoint carries one)")
     _say_what_runs(model)
-    full = model.encode(prompt)
+    full = checks.check_prompt(model.encode(prompt), model.vocab)   # before any output
     ids = checks.fit_context(full, max_new, model.context, truncate)
     out = sys.stdout
     if len(ids) < len(full):

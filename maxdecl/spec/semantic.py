@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import re
 from types import MappingProxyType
 
 from .. import blocks
@@ -106,6 +107,7 @@ class Expander:
         self.weight_refs: list[tuple[str, Pos]] = []
         self.used_weights: set[str] = set()
         self.glob_hits: set[str] = set()
+        self.map_hits: set[tuple] = set()    # formats' tensor targets, transform globs hit
         self.io_names: dict[str, Pos] = {}
         self.root_outputs: list = []
         self.layer_outputs: list = []
@@ -209,6 +211,7 @@ class Expander:
                 self.problem(pos, f"unknown weight {name!r}" + _hint(name, self.weights)
                              + " (weights are <layer path>.<name> from `weights:`)")
         self.check_computed()
+        self.hit_format_maps()
         for w in self.weights.values():
             if w.name not in self.used_weights:
                 self.problem(w.pos, f"weight {w.name!r} is declared but no op uses it "
@@ -474,6 +477,14 @@ class Expander:
                 self.fill(self.render(raw, self.env, pos, "computed"), w.name, w.shape, pos,
                           "computed")
 
+    def hit_format_maps(self):
+        """Record which ``formats.<fmt>.tensors`` targets and ``transforms`` globs name a
+        weight of this variant (``check`` reports those that name none in any)."""
+        names = list(self.weights)
+        for fmt, kind, key, pattern in format_map_entries(self.spec):
+            if any(pattern(n) for n in names):
+                self.map_hits.add((fmt, kind, key))
+
     def ref(self, raw, pos: Pos, env, ns, wscope):
         """Resolve one op input to a Ref (or None after reporting a problem)."""
         if _is_num(raw):
@@ -683,6 +694,7 @@ def check(spec: Spec) -> list[RawProblem]:
                                            f"(defined by {ref_name!r})"))
     per_variant: dict[tuple, tuple[RawProblem, list]] = {}
     hits: set[str] = set()
+    map_hits: set[tuple] = set()
     for v in variants:
         ex = Expander(spec, v)
         try:
@@ -691,6 +703,7 @@ def check(spec: Spec) -> list[RawProblem]:
             problems.append(RawProblem(1, 1, "", str(e)))
             continue
         hits |= ex.glob_hits
+        map_hits |= ex.map_hits
         seen_here = set()
         for p in ex.problems:
             key = (p.line, p.col)
@@ -711,6 +724,72 @@ def check(spec: Spec) -> list[RawProblem]:
             problems.append(RawProblem(pos.line, pos.col, pos.ptr,
                                        f"encoding override {glob!r} matches no weight in any "
                                        "variant (or only weights an earlier override takes)"))
+    problems += format_map_problems(spec, map_hits)
+    return problems
+
+
+_MAP_PARAMS = {"hf": "config", "gguf": "metadata"}   # format -> its param-name -> key table
+
+
+def format_map_entries(spec: Spec):
+    """``(fmt, kind, key, matcher)`` per ``formats.<fmt>.tensors`` target pattern
+    (``{i}``: a non-negative integer) and ``transforms`` glob: ``matcher(name)`` says
+    whether a spec weight name fits it."""
+    for fmt, section in spec.formats.items():
+        if not isinstance(section, dict):
+            continue
+        tensors = section.get("tensors")
+        for target in (tensors.values() if isinstance(tensors, dict) else ()):
+            if isinstance(target, str) and target:
+                rx = re.compile(_target_regex(target))
+                yield fmt, "tensors", target, rx.fullmatch
+        transforms = section.get("transforms")
+        for glob in (transforms if isinstance(transforms, dict) else ()):
+            yield (fmt, "transforms", glob,
+                   lambda name, g=str(glob): fnmatch.fnmatchcase(name, g))
+
+
+def _target_regex(target: str) -> str:
+    """The regex of a tensor-map target such as ``blk.{i}.attn_q.weight``."""
+    out, last = [], 0
+    for m in re.finditer(r"\{[A-Za-z_][A-Za-z0-9_]*\}", target):
+        out.append(re.escape(target[last:m.start()]))
+        out.append("(?:0|[1-9][0-9]*)")
+        last = m.end()
+    out.append(re.escape(target[last:]))
+    return "".join(out)
+
+
+def format_map_problems(spec: Spec, map_hits: set) -> list[RawProblem]:
+    """The ``formats`` entries that name nothing: a tensor target or transform glob no
+    weight of any variant fits, a metadata or config entry for a name that is not a
+    param of the spec (the loader would drop it without a word)."""
+    problems = []
+    for fmt, kind, key, _ in format_map_entries(spec):
+        if (fmt, kind, key) not in map_hits:
+            if kind == "tensors":
+                tensors = spec.formats[fmt]["tensors"]
+                source = next(s for s, t in tensors.items() if t == key)
+                ptr = f"/formats/{pointer_escape(fmt)}/tensors/{pointer_escape(str(source))}"
+                msg = f"tensors: target {key!r} names no weight of the spec in any variant"
+                pos = nearest_mark(spec.marks, ptr)
+            else:
+                ptr = f"/formats/{pointer_escape(fmt)}/transforms/{pointer_escape(str(key))}"
+                msg = f"transforms: {key!r} matches no weight of the spec in any variant"
+                pos = nearest_mark(spec.marks, ptr, key=True)
+            problems.append(RawProblem(*pos, ptr, msg))
+    params = set(spec.params) | {d[0] for d in spec.derived}
+    params |= {k for hp in spec.variants.values() if isinstance(hp, dict) for k in hp}
+    for fmt, table_key in _MAP_PARAMS.items():
+        section = spec.formats.get(fmt)
+        table = section.get(table_key) if isinstance(section, dict) else None
+        for name in (table if isinstance(table, dict) else ()):
+            if name not in params:
+                ptr = f"/formats/{pointer_escape(fmt)}/{table_key}/{pointer_escape(str(name))}"
+                problems.append(RawProblem(
+                    *nearest_mark(spec.marks, ptr, key=True), ptr,
+                    f"{table_key}: {name!r} is not a param of the spec"
+                    + _hint(str(name), params)))
     return problems
 
 
