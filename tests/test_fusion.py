@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.kernels import fused
+from maxdecl.kernels import fused, gemv
 from maxdecl.ops import _registry
 from maxdecl.pipelines.batching import BatchRunner
 from maxdecl.runtime import PerSequence
@@ -104,10 +104,12 @@ def test_maxdecl_fuse_0_turns_it_off(monkeypatch):
 def test_error_in_a_fused_call_names_the_first_layer(monkeypatch):
     _, on, _ = _both("llama3")
 
-    def boom(x2, weights, encoding):
+    def boom(*args):
         raise RuntimeError("kernel failed")
 
-    monkeypatch.setattr(fused, "qmatmul_group", boom)
+    monkeypatch.setattr(fused, "qmatmul_group", boom)          # prefill-sized x
+    for enc in list(gemv.GEMV_GROUP):                          # decode-sized x (2 rows)
+        monkeypatch.setitem(gemv.GEMV_GROUP, enc, boom)
     zero = BatchRunner(on).zero_state()
     feed = {"tokens": np.array([1, 2]), "positions": np.arange(2),
             "logit_rows": np.array([1]), **zero}

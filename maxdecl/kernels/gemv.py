@@ -22,7 +22,7 @@ row's output is bit-identical for any number of rows (tested), which is what let
 sequence decoded in a batch get exactly its solo logits. Rows are taken 8, 4, 2 and
 1 at a time. L is 16 (zmm) where the CPU has AVX-512, else 8; both are tested. With
 16 lanes, q4_0 and q5_0 decode through per-block tables (``TABLE_LAYOUT``); x rows
-are read from 64-byte boundaries (``_aligned_rows``).
+are read from 64-byte boundaries (``aligned_rows``).
 Block layouts: ``block_rows.py``.
 """
 
@@ -571,7 +571,7 @@ GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,
               "q4_k": _group_q4_k, "q6_k": _group_q6_k}
 
 
-def _aligned_rows(x2: np.ndarray) -> np.ndarray:
+def aligned_rows(x2: np.ndarray) -> np.ndarray:
     """x2 itself when every row starts on a 64-byte boundary (or there is one row), else
     an aligned copy. The row intrinsic reads each x row in 64-byte vectors once per weight
     unit; a vector that straddles two cache lines costs two loads. Measured, one thread,
@@ -600,7 +600,7 @@ def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:
     if encoding == "bf16":
         _gemv_bf16(x2, w, out)
     else:
-        GEMV_GROUP[encoding](_aligned_rows(x2), (w,), offsets((w.shape[0],)), out)
+        GEMV_GROUP[encoding](aligned_rows(x2), (w,), offsets((w.shape[0],)), out)
 
 
 def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
@@ -610,7 +610,7 @@ def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
     bytes per row."""
     offs = offsets(tuple(w.shape[0] for w in weights))
     out = np.empty((x2.shape[0], int(offs[-1])), np.float32)
-    GEMV_GROUP[encoding](_aligned_rows(x2), tuple(weights), offs, out)
+    GEMV_GROUP[encoding](aligned_rows(x2), tuple(weights), offs, out)
     return out
 
 

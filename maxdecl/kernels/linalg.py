@@ -9,6 +9,7 @@ from .. import codecs
 from ..dtypes import format_shape
 from ..tensors import QuantizedTensor
 from . import fused as kf
+from . import gemv
 from . import qmatmul as kq
 from .config import GEMV_MAX_ROWS
 
@@ -87,6 +88,17 @@ def linear_group(args, attrs):
     n = attrs["n"]
     x, ws, bs = args[0], args[1:n + 1], args[n + 1:]
     w0 = ws[0]
+    if (x.ndim == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.dtype == np.float32
+            and x.flags.c_contiguous):                          # decode, batched decode
+        prepared = _gemv_group(ws, attrs)
+        if prepared is not None and x.shape[1] == w0.shape[1]:
+            packed, offs, cols, enc = prepared
+            out = np.empty((x.shape[0], int(offs[-1])), np.float32)
+            gemv.GEMV_GROUP[enc](gemv.aligned_rows(x), packed, offs, out)
+            ys = [out[:, a:b] for a, b in cols]
+            for y, b in zip(ys, bs):
+                np.add(y, b, out=y)
+            return ys
     if isinstance(w0, QuantizedTensor) and _block_kernels(codecs.get(w0.encoding)):
         k = w0.shape[1]
         if x.shape[-1] != k:
@@ -106,6 +118,29 @@ def linear_group(args, attrs):
     if bs:
         return [_linear([x, w, b], attrs)[0] for w, b in zip(ws, bs)]
     return [_linear([x, w], attrs)[0] for w in ws]
+
+
+def _gemv_group(ws, attrs):
+    """(packed weights, column offsets, column bounds, encoding) of a fused group of
+    quantized weights of one encoding with a group GEMV (``gemv.GEMV_GROUP``), else
+    None. Made on the step's first call and kept in its ``attrs`` (a fused step's own
+    dict): the weights are bound, the same objects every call, so a decode step skips
+    re-checking and re-packing them."""
+    kept = attrs.get("_gemv")
+    if kept is not None and len(kept[0]) == len(ws) and all(a is b for a, b in zip(kept[0], ws)):
+        return kept[1]
+    enc = getattr(ws[0], "encoding", None)
+    prepared = None
+    if (enc in gemv.GEMV_GROUP and all(isinstance(w, QuantizedTensor) and w.encoding == enc
+                                       and w.data.ndim == 2 and w.data.dtype == np.uint8
+                                       and w.shape[1] == ws[0].shape[1] and w.shape[0]
+                                       for w in ws)):
+        packed = tuple(np.ascontiguousarray(w.data) for w in ws)
+        offs = gemv.offsets(tuple(int(w.shape[0]) for w in ws))
+        bounds = offs.tolist()
+        prepared = (packed, offs, list(zip(bounds[:-1], bounds[1:])), enc)
+    attrs["_gemv"] = (tuple(ws), prepared)
+    return prepared
 
 
 RUN = {

@@ -29,7 +29,7 @@ def test_gemv_aligns_misaligned_rows_without_changing_numbers():
     off = (-buf.ctypes.data % 64) // 4 + 4      # rows start 16 bytes past a boundary
     x = buf[off:off + 8 * 256].reshape(8, 256)
     x[...] = rng.standard_normal((8, 256))
-    assert not rows_aligned(x) and rows_aligned(gemv._aligned_rows(x))
+    assert not rows_aligned(x) and rows_aligned(gemv.aligned_rows(x))
     a, b = np.empty((8, 40), np.float32), np.empty((8, 40), np.float32)
     gemv.gemv(x, w, "q8_0", a)
     gemv.gemv(np.ascontiguousarray(x).copy(), w, "q8_0", b)
