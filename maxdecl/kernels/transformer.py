@@ -73,7 +73,7 @@ def _attention_run(args, attrs):
     kern = attention
     q, k, v, *rest = args
     if (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
-            and k.shape[0] == q.shape[0]):          # decode: the batched step's one sequence
+            and k.shape[0] == q.shape[0] == v.shape[0]):   # decode: as one batched sequence
         out, caches = _attention_batch([q, k, v, [rest[0]]], [q.shape[0]], attrs)
         return [out, caches[0]]
     k, v, new_cache = _with_cache(k, v, rest)

@@ -157,29 +157,36 @@ class _Cursor:
         """``count`` length-prefixed strings as one StringArray (no object per item)."""
         buf, unpack, size = self.buf, struct.Struct("<Q").unpack_from, self.size
         first = pos = self.pos
-        starts = array("q", bytes(8 * count))
-        for k in range(count):
-            if pos + 8 > size:
-                self.pos = pos
-                self.need(8, what)
-            (n,) = unpack(buf, pos)
-            pos += 8
-            if pos + n > size or n > _MAX_STRING:
-                self.pos = pos
-                self.need(n, what)
-                self.fail(f"corrupted GGUF: {what} holds a string of {n:,} bytes, over the "
-                          f"limit of {_MAX_STRING:,}")
-            starts[k] = pos
-            pos += n
+        ends = array("q")                     # where each string ends (the next prefix)
+        append = ends.append
+        try:
+            for _ in range(count):            # the one sequential part: kept minimal
+                pos += unpack(buf, pos)[0] + 8
+                append(pos)
+        except (struct.error, OverflowError):  # a prefix past the end of the file
+            self.pos = ends[-1] if ends else first
+            self.need(8, what)
+        end = np.frombuffer(ends, np.int64) if count else np.zeros(0, np.int64)
+        start = np.empty(count, np.int64)     # where each string's bytes begin
+        if count:
+            start[0] = first + 8
+            start[1:] = end[:-1] + 8
+        lengths = end - start
+        if count and (int(end[-1]) > size or int(lengths.max()) > _MAX_STRING):
+            k = int(np.argmax((end > size) | (lengths > _MAX_STRING)))
+            self.pos = int(start[k])
+            n = int(lengths[k])
+            self.need(n, what)
+            self.fail(f"corrupted GGUF: {what} holds a string of {n:,} bytes, over the "
+                      f"limit of {_MAX_STRING:,}")
         self.pos = pos
-        begin = np.frombuffer(starts, np.int64)
         region = np.frombuffer(buf, np.uint8, pos - first, first)
         keep = np.ones(region.size, bool)         # every byte but the u64 length prefixes
-        prefix = begin - 8 - first
+        prefix = start - 8 - first
         for b in range(8):
             keep[prefix + b] = False
         offsets = np.zeros(count + 1, np.int64)
-        np.cumsum(np.diff(np.append(begin, pos + 8)) - 8, out=offsets[1:])
+        np.cumsum(lengths, out=offsets[1:])
         blob = region[keep].tobytes()
         del region
         return StringArray(blob, offsets)
