@@ -129,3 +129,20 @@ def test_vectorized_hash_is_int_from_bytes_mod_prime():
              for _ in range(2000)]
     h = _hashes(StringArray.from_strings(items), chunk=77)
     assert [int(x) for x in h] == [int.from_bytes(b, "little") % _PRIME for b in items]
+
+
+def test_stable_argsort_by_16_bit_passes_equals_numpy():
+    """The index's radix order equals NumPy's stable argsort for keys of any width up
+    to 64 bits, with many equal keys (ties keep ascending index)."""
+    from maxdecl.pipelines.tokenizer_vocab import _stable_argsort
+
+    rng = np.random.default_rng(5)
+    for bits in (1, 3, 15, 16, 17, 18, 31, 33, 64):
+        for n in (0, 1, 7, 5000):
+            hi = 1 << min(bits, 63)
+            keys = rng.integers(0, hi, n, dtype=np.uint64)
+            if bits == 64 and n:
+                keys[::3] |= np.uint64(1 << 63)
+            keys[n // 2:] = keys[:n - n // 2]          # duplicates
+            got = _stable_argsort(keys, bits)
+            np.testing.assert_array_equal(got, np.argsort(keys, kind="stable"))
