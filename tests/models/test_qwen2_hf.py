@@ -1,0 +1,149 @@
+"""specs/qwen2.yaml against transformers' Qwen2ForCausalLM.
+
+A small seeded float32 Qwen2: grouped-query attention (4 query heads, 2 kv heads)
+whose q/k/v projections carry biases, RoPE base 1e6 rotating halves (neox), SwiGLU,
+RMSNorm, and the output tied to the embedding as in Qwen2-0.5B (so the checkpoint
+has no lm_head.weight).
+"""
+
+import numpy as np
+import pytest
+
+import maxdecl as md
+from maxdecl.pipelines.model_loading import params_from_metadata
+
+from modelhelp import (TOL, _add_tokenizer, _write, compare, hf_case, hf_state, ours_logits,
+                       randomize, spec_path)
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+PROMPTS = [[3, 17, 42, 99, 5, 7, 64, 1], [8, 9, 120], [5, 60, 33, 2, 90, 11, 7]]
+N_NEW = 6
+
+
+def make_qwen2(seed=0, **kw):
+    """Qwen2ForCausalLM: dim 64, 2 layers, GQA 4/2, q/k/v biases, tied output.
+
+    The tied table is scaled to 0.1 * N(0, 1): with N(0, 1) rows each token's own
+    embedding dominates its logits and greedy decoding only repeats the last token."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+               max_position_embeddings=64, rope_theta=1000000.0, tie_word_embeddings=True,
+               attn_implementation="eager")
+    cfg.update(kw)
+    model = randomize(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**cfg)), seed)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(0.1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    model = make_qwen2()
+    return hf_case(model, tmp_path_factory.mktemp("qwen2_hf"))
+
+
+@pytest.fixture(scope="module")
+def ours(qwen2):
+    _, path, _, _ = qwen2
+    return md.load_model(spec_path("qwen2"), path, variant="tiny")
+
+
+def test_qwen2_config_from_hf(qwen2):
+    model, path, _, _ = qwen2
+    spec = md.load_spec(spec_path("qwen2"))
+    meta = md.load_weights(path).metadata
+    got = params_from_metadata(spec, meta)
+    assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
+    assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
+    assert got["rope_theta"] == 1e6 and got["norm_eps"] == pytest.approx(1e-6)
+    # transformers < 5 wrote rope_theta at the top level of config.json
+    old = {k: v for k, v in meta.items() if k != "rope_parameters"}
+    assert params_from_metadata(spec, {**old, "rope_theta": 250000.0})["rope_theta"] == 250000.0
+    assert not any(k.startswith("lm_head") for k in md.load_weights(path).keys())   # tied
+
+
+def test_qwen2_prefill_and_decode_match_hf(qwen2, ours):
+    model, path, ids, ref = qwen2
+    pre, dec = compare(ours, ref, ids)
+    p, d = ours_logits(ours, ids)
+    diff = float(np.abs(np.concatenate([p, d]) - ref).max())
+    print(f"qwen2 vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|); "
+          f"max abs {diff:.2e} (max|ref| {np.abs(ref).max():.1f})")
+    assert pre <= TOL and dec <= TOL
+
+
+def test_qwen2_greedy_generate_matches_hf(qwen2, ours):
+    import torch
+
+    model = qwen2[0]
+    want = []
+    for p in PROMPTS:
+        out = model.generate(torch.tensor([p]), max_new_tokens=N_NEW, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        want.append(out[0, len(p):].tolist())
+    assert ours.generate(PROMPTS[0], N_NEW, temperature=0).ids == want[0]
+    assert [o.ids for o in ours.generate(PROMPTS, N_NEW, temperature=0)] == want   # batched
+
+
+def test_qwen2_qkv_biases_matter(qwen2):
+    """Negative control: the same weights with the q/k/v biases zeroed give other
+    logits, so the match above needs the spec's biases."""
+    model, path, ids, ref = qwen2
+    td = md.load_weights(path)
+    for name in list(td.keys()):
+        if name.endswith("_proj.bias"):
+            td[name] = np.zeros_like(np.asarray(td[name]))
+    ours = md.load_model(spec_path("qwen2"), td, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
+    assert pre > 10 * TOL and dec > 10 * TOL
+
+
+def qwen2_to_gguf(model, path) -> str:
+    """Write a Qwen2ForCausalLM as llama.cpp's converter does (arch ``qwen2``): HF's
+    q/k row order kept (neox rope), biases as ``.bias``, no output.weight when tied."""
+    import gguf
+
+    cfg, sd = model.config, hf_state(model)
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(w, cfg.vocab_size)
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        for src, dst in names.items():
+            for kind in ("weight", "bias"):
+                if f"model.layers.{i}.{src}.{kind}" in sd:
+                    t[f"blk.{i}.{dst}.{kind}"] = sd[f"model.layers.{i}.{src}.{kind}"]
+    t["output_norm.weight"] = sd["model.norm.weight"]
+    assert "lm_head.weight" not in sd or cfg.tie_word_embeddings
+    _write(w, t)
+    return str(path)
+
+
+def test_qwen2_gguf_matches_hf(qwen2, tmp_path):
+    """The same weights as a llama.cpp-style GGUF: params from the qwen2.* keys, the
+    tied output from token_embd.weight."""
+    model, _, ids, ref = qwen2
+    path = qwen2_to_gguf(model, tmp_path / "tiny-qwen2.gguf")
+    got = params_from_metadata(md.load_spec(spec_path("qwen2")), md.load_weights(path).metadata)
+    assert got["rope_theta"] == 1e6 and got["n_kv_heads"] == 2 and got["vocab"] == 128
+    ours = md.load_model(spec_path("qwen2"), path, variant="tiny")
+    pre, dec = compare(ours, ref, ids)
+    assert pre <= TOL and dec <= TOL
