@@ -245,6 +245,7 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     from .builder import build
     from .pipelines.model_loading import open_weights
     from .spec import Spec, load_spec
+    from .spec.semantic import variant_env
     from .weights.sources import default_weights
 
     checks.check_spec_arg(spec)
@@ -279,7 +280,7 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
         graph = build(spec, td, spec.variant, params)
     except WeightsError as e:
         raise WeightsError(f"{source} do not fit {spec.file}: {e}") from None
-    full = dict(spec.program(spec.variant, params, check_encodings=False).params)
+    full, _ = variant_env(spec, spec.variant, params)     # what build unrolled with
     if tokenizer is not None:
         if isinstance(tokenizer, (str, os.PathLike)):
             from .pipelines.tokenizer_embed import load_tokenizer
