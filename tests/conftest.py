@@ -1,8 +1,13 @@
 """Fixtures shared by every test folder."""
 
 import os
+import tempfile
 
 import pytest
+
+# load_spec remembers specs it found valid (maxdecl.spec.checked): in a directory of
+# this test session's own, not the user's cache
+os.environ.setdefault("MAXDECL_CACHE_DIR", tempfile.mkdtemp(prefix="maxdecl-test-cache-"))
 
 
 def mapped_ranges(path):

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import SpecError
-from . import budgets, semantic
+from . import budgets, checked, semantic
 from .marks import decode, load_yaml
 from .model import Program, Spec
 from .parse import parse
@@ -51,10 +51,23 @@ def _covered(ptr: str, bad: list[str]) -> bool:
     return any(b and (ptr == b or ptr.startswith(b + "/")) for b in bad)
 
 
-def parse_text(text: str, file: str = "<string>") -> tuple[Spec | None, list[SpecProblem]]:
-    """Check spec ``text``; returns ``(spec or None, problems sorted by position)``."""
+def parse_text(text: str, file: str = "<string>",
+               trust_checked: bool = False) -> tuple[Spec | None, list[SpecProblem]]:
+    """Check spec ``text``; returns ``(spec or None, problems sorted by position)``.
+
+    ``trust_checked``: a text that passed every check before under the same code and
+    ops (``spec.checked``) is parsed without checking it again."""
     with budgets.metered():
-        return _parse_text(text, file)
+        if trust_checked and checked.was_valid(text):
+            data, marks, problems = load_yaml(text)
+            if data is not None and not problems:
+                spec, problems = parse(data, marks, file)
+                if spec is not None and not problems:
+                    return spec, []
+        spec, problems = _parse_text(text, file)
+        if trust_checked and spec is not None and not problems:
+            checked.mark_valid(text)
+        return spec, problems
 
 
 def _parse_text(text: str, file: str):
@@ -135,7 +148,7 @@ def load_spec(path, variant: str | None = None) -> Spec:
         raise SpecError(f"{path}: cannot read the spec: {e.strerror or e}") from None
     if problem is not None:
         raise SpecError(f"{path}:{problem.line}:{problem.col}: {problem.message}")
-    spec, problems = parse_text(text, str(path))
+    spec, problems = parse_text(text, str(path), trust_checked=True)
     if problems:
         more = len(problems) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
