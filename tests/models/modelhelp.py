@@ -147,6 +147,34 @@ def compare(model, ref, ids, n_prompt: int = N_PROMPT) -> tuple[float, float]:
     return rel_err(pre, ref[:n_prompt]), rel_err(dec, ref[n_prompt:])
 
 
+def max_abs_diff(model, ids, ref) -> float:
+    """The largest |ours - ref| over the prefill and decode logits of ``ours_logits``."""
+    p, d = ours_logits(model, ids)
+    return float(np.abs(np.concatenate([p, d]) - ref).max())
+
+
+def assert_logits_match(name: str, model, ids, ref) -> None:
+    """Prefill and KV-cache decode logits within TOL of max|ref| (the figures printed)."""
+    pre, dec = compare(model, ref, ids)
+    print(f"{name} vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|); "
+          f"max abs {max_abs_diff(model, ids, ref):.2e} (max|ref| {np.abs(ref).max():.1f})")
+    assert pre <= TOL and dec <= TOL
+
+
+def assert_greedy_matches_hf(hf_model, ours, prompts, n_new: int) -> None:
+    """``ours.generate`` (greedy) gives transformers' greedy ids for the first prompt
+    alone and for all of ``prompts`` decoded together."""
+    import torch
+
+    want = []
+    for p in prompts:
+        out = hf_model.generate(torch.tensor([p]), max_new_tokens=n_new, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)
+        want.append(out[0, len(p):].tolist())
+    assert ours.generate(prompts[0], n_new, temperature=0).ids == want[0]
+    assert [o.ids for o in ours.generate(prompts, n_new, temperature=0)] == want   # batched
+
+
 def without_hf_transforms(spec):
     """The same spec with its ``formats.hf.transforms`` removed (negative controls)."""
     formats = {k: dict(v) for k, v in spec.formats.items()}

@@ -12,8 +12,8 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import (TOL, _add_tokenizer, _write, compare, hf_case, hf_state, ours_logits,
-                       randomize, save_hf, spec_path)
+from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
+                       compare, hf_case, hf_state, randomize, save_hf, spec_path)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -58,11 +58,6 @@ def ours(gpt2):
     return md.load_model(spec_path("gpt2"), path, variant="tiny")
 
 
-def _max_abs(model, ids, ref) -> float:
-    p, d = ours_logits(model, ids)
-    return float(np.abs(np.concatenate([p, d]) - ref).max())
-
-
 def test_gpt2_config_from_hf(gpt2):
     model, path, _, _ = gpt2
     got = params_from_metadata(md.load_spec(spec_path("gpt2")), md.load_weights(path).metadata)
@@ -74,23 +69,11 @@ def test_gpt2_config_from_hf(gpt2):
 
 def test_gpt2_prefill_and_decode_match_hf(gpt2, ours):
     model, path, ids, ref = gpt2
-    pre, dec = compare(ours, ref, ids)
-    print(f"gpt2 vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|); "
-          f"max abs {_max_abs(ours, ids, ref):.2e} (max|ref| {np.abs(ref).max():.1f})")
-    assert pre <= TOL and dec <= TOL
+    assert_logits_match("gpt2", ours, ids, ref)
 
 
 def test_gpt2_greedy_generate_matches_hf(gpt2, ours):
-    import torch
-
-    model = gpt2[0]
-    want = []
-    for p in PROMPTS:
-        out = model.generate(torch.tensor([p]), max_new_tokens=N_NEW, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-        want.append(out[0, len(p):].tolist())
-    assert ours.generate(PROMPTS[0], N_NEW, temperature=0).ids == want[0]
-    assert [o.ids for o in ours.generate(PROMPTS, N_NEW, temperature=0)] == want   # batched
+    assert_greedy_matches_hf(gpt2[0], ours, PROMPTS, N_NEW)
 
 
 def test_gpt2_stops_at_the_position_table(ours):

@@ -6,14 +6,13 @@ heads) and gate_up_proj, RoPE rotating halves on half of each head's features
 shorter than the test sequence, as Phi-3-mini-4k's 2047 is shorter than its context.
 """
 
-import numpy as np
 import pytest
 
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, compare, hf_case, hf_state,
-                       ours_logits, randomize, spec_path)
+from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
+                       assert_logits_match, compare, hf_case, hf_state, randomize, spec_path)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -71,25 +70,11 @@ def test_phi3_config_from_hf(phi3):
 
 def test_phi3_prefill_and_decode_match_hf(phi3, ours):
     model, path, ids, ref = phi3
-    pre, dec = compare(ours, ref, ids)
-    p, d = ours_logits(ours, ids)
-    diff = float(np.abs(np.concatenate([p, d]) - ref).max())
-    print(f"phi3 vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|); "
-          f"max abs {diff:.2e} (max|ref| {np.abs(ref).max():.1f})")
-    assert pre <= TOL and dec <= TOL
+    assert_logits_match("phi3", ours, ids, ref)
 
 
 def test_phi3_greedy_generate_matches_hf(phi3, ours):
-    import torch
-
-    model = phi3[0]
-    want = []
-    for p in PROMPTS:
-        out = model.generate(torch.tensor([p]), max_new_tokens=N_NEW, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-        want.append(out[0, len(p):].tolist())
-    assert ours.generate(PROMPTS[0], N_NEW, temperature=0).ids == want[0]
-    assert [o.ids for o in ours.generate(PROMPTS, N_NEW, temperature=0)] == want   # batched
+    assert_greedy_matches_hf(phi3[0], ours, PROMPTS, N_NEW)
 
 
 def test_phi3_window_and_partial_rotary_matter(phi3):
