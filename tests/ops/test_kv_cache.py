@@ -124,3 +124,30 @@ def test_batched_appends_in_place_equal_each_sequence_alone():
     assert not np.shares_memory(a, b)
     np.testing.assert_array_equal(a[:, -1], np.stack([k[0], v[0]]))
     np.testing.assert_array_equal(b[:, -1], np.stack([k[1], v[1]]))
+
+
+def test_batched_appends_random_batches_equal_each_sequence_alone():
+    """Seeded random batches (1-5 sequences, 1-4 rows each, pasts of 0-70 positions,
+    grouped heads 1-4 per key/value head, some caches without room): outputs and grown
+    caches equal each sequence's own step, bit for bit, over three steps."""
+    rng = np.random.default_rng(11)
+    for case in range(25):
+        hkv, group, d = int(rng.integers(1, 3)), int(rng.integers(1, 5)), 8
+        lengths = [int(t) for t in rng.integers(0, 71, int(rng.integers(1, 6)))]
+        pasts = _caches(rng, lengths, heads=hkv, d=d)
+        pasts = [np.array(p) if rng.random() < 0.2 else p for p in pasts]
+        for step in range(3):
+            rows = [int(n) for n in rng.integers(1, 5, len(pasts))]
+            q = rng.standard_normal((sum(rows), hkv * group, d)).astype(np.float32)
+            k, v = (rng.standard_normal((sum(rows), hkv, d)).astype(np.float32)
+                    for _ in range(2))
+            alone = [np.array(p) for p in pasts]
+            out, caches = _batched_attention(pasts, q, k, v, rows)
+            start = 0
+            for n, cache, past in zip(rows, caches, alone):
+                want, want_cache = _solo_attention(past, q[start:start + n],
+                                                   k[start:start + n], v[start:start + n])
+                np.testing.assert_array_equal(out[start:start + n], want)
+                np.testing.assert_array_equal(cache, want_cache)
+                start += n
+            pasts = caches
