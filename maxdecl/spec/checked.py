@@ -33,7 +33,9 @@ def _directory() -> Path | None:
 
 def _code() -> bytes:
     if not _CODE:
-        h = hashlib.sha256()
+        from .. import __version__
+
+        h = hashlib.sha256(__version__.encode())
         for root, dirs, files in os.walk(_PACKAGE):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files):
