@@ -211,6 +211,7 @@ class Expander:
                 self.problem(pos, f"unknown weight {name!r}" + _hint(name, self.weights)
                              + " (weights are <layer path>.<name> from `weights:`)")
         self.check_computed()
+        self.check_refuse()
         self.hit_format_maps()
         for w in self.weights.values():
             if w.name not in self.used_weights:
@@ -476,6 +477,24 @@ class Expander:
                 pos = self.at(ptr)
                 self.fill(self.render(raw, self.env, pos, "computed"), w.name, w.shape, pos,
                           "computed")
+
+    def check_refuse(self):
+        """``formats.<fmt>.refuse``: each rule's ``when`` must give true or false and its
+        ``why`` must render, for this variant's params (the loader evaluates them again
+        with the checkpoint's)."""
+        for fmt, section in self.spec.formats.items():
+            rules = section.get("refuse") if isinstance(section, dict) else None
+            for k, rule in enumerate(rules if isinstance(rules, list) else ()):
+                if not isinstance(rule, dict):
+                    continue                                # the schema reports it
+                base = f"/formats/{pointer_escape(fmt)}/refuse/{k}"
+                pos = self.at(f"{base}/when")
+                before = len(self.problems)
+                value = self.render(rule.get("when"), self.env, pos, "refuse")
+                if len(self.problems) == before and not isinstance(value, bool):
+                    self.problem(pos, f"refuse: when {rule.get('when')!r} gives {value!r}; "
+                                      "expected true or false")
+                self.render(rule.get("why", ""), self.env, self.at(f"{base}/why"), "refuse")
 
     def hit_format_maps(self):
         """Record which ``formats.<fmt>.tensors`` targets and ``transforms`` globs name a

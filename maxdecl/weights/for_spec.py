@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..spec import Spec, load_spec
-from ..spec.expr import ExprError, evaluate, is_template, split_template
+from ..spec.expr import ExprError, evaluate, is_template, render, split_template
 from ..tensors import TensorDict
 from .strings import StringArray
 
@@ -68,7 +68,40 @@ def params_from_metadata(spec, meta: dict) -> dict:
                 out[name] = meta[field]
     elif fmt == "maxdecl" and isinstance(meta.get("params"), dict):
         out.update(meta["params"])
-    return {k: v for k, v in out.items() if k in spec.params}
+    out = {k: v for k, v in out.items() if k in spec.params}
+    refuse_unsupported(spec, fmt, section, out)
+    return out
+
+
+def refuse_unsupported(spec, fmt, section: dict, params: dict) -> None:
+    """WeightsError when a ``formats.<fmt>.refuse`` rule holds for these weights'
+    params (the variant's, then what the metadata states): a checkpoint the spec would
+    run with wrong results (a rope scaling it does not model, say) fails loudly."""
+    rules = section.get("refuse") if isinstance(section, dict) else None
+    if not isinstance(rules, list) or not rules:
+        return
+    from ..spec.semantic import variant_env
+
+    env, _ = variant_env(spec, spec.variant, params)
+    for rule in rules:
+        when, why = rule.get("when"), rule.get("why", "")
+        try:
+            hit = evaluate_rule(when, env)
+            message = render(why, env) if hit else ""
+        except ExprError as e:
+            raise WeightsError(f"{spec.file}: formats.{fmt}.refuse {when!r}: {e}") from None
+        if hit:
+            raise WeightsError(f"these {fmt} weights do not fit {spec.file}: {message} "
+                               f"(formats.{fmt}.refuse: {when})")
+
+
+def evaluate_rule(when, env) -> bool:
+    """A ``refuse`` rule's ``"{expression}"`` over ``env``: True or False (ExprError
+    for anything else)."""
+    value = render(when, env)
+    if not isinstance(value, bool):
+        raise ExprError(f"gives {value!r}, expected true or false")
+    return value
 
 
 def _hf_config_value(key, config: dict):

@@ -78,3 +78,21 @@ def test_tinystories_tied_llama_matches_hf(tmp_path):
     pre, dec = compare(ours, ref, ids)
     print(f"tinystories vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+    {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}},
+])
+def test_llama3_refuses_rope_scaling_it_does_not_model(llama, scaling):
+    """config.json with a RoPE scaling other than none or llama3 (formats.hf.refuse) is
+    a WeightsError naming it, not a model that runs with the wrong positions."""
+    _, path, _, _ = llama
+    meta = dict(md.load_weights(path).metadata)
+    meta.pop("rope_parameters", None)
+    meta.pop("rope_scaling", None)
+    spec = md.load_spec(spec_path("llama3"))
+    assert params_from_metadata(spec, meta)                      # plain: accepted
+    kind = next(iter(scaling.values()))["rope_type"]
+    with pytest.raises(md.WeightsError, match=f"RoPE scaling {kind} is not modelled"):
+        params_from_metadata(spec, {**meta, **scaling})

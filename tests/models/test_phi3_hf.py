@@ -134,3 +134,29 @@ def test_phi3_gguf_matches_hf(phi3, tmp_path):
     ours = md.load_model(spec_path("phi3"), path, variant="tiny")
     pre, dec = compare(ours, ref, ids)
     assert pre <= TOL and dec <= TOL
+
+
+@pytest.mark.parametrize("layout", ["rope_parameters", "rope_scaling"])
+def test_phi3_long_context_rope_is_refused(phi3, tmp_path, layout):
+    """Phi-3's 128k models scale RoPE (longrope), which the spec does not model: their
+    config.json is refused when loading (formats.hf.refuse), in both config layouts,
+    instead of running with wrong positions."""
+    import json
+    import shutil
+
+    _, path, _, _ = phi3
+    long = tmp_path / "long"
+    shutil.copytree(path, long)
+    cfg = json.loads((long / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.pop("rope_scaling", None)
+    if layout == "rope_parameters":          # transformers >= 5
+        cfg["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.5}
+    else:                                    # older config.json
+        cfg["rope_scaling"] = {"type": "longrope", "short_factor": [1.0] * 4,
+                               "long_factor": [1.0] * 4}
+    (long / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(md.WeightsError, match="RoPE scaling longrope .* not modelled"):
+        md.load_model(spec_path("phi3"), str(long), variant="tiny")
+    md.load_model(spec_path("phi3"), path, variant="tiny")          # the plain one loads
