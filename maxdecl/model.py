@@ -93,7 +93,9 @@ class Model:
         ids = checks.check_prompt(ids, self.vocab)
         if isinstance(ids, str):
             raise InputError("logits takes token ids; encode text with model.tokenizer first")
-        checks.fit_context(ids, 0, self.context, False)
+        if self.context is not None and len(ids) > self.context:
+            raise InputError(f"logits of {len(ids)} tokens: more than the context of "
+                             f"{self.context} tokens")
         out, _ = session.step(ids, 0, session.initial_state(), all_logits=not last_only)
         return np.ascontiguousarray(out, dtype=np.float32)
 

@@ -161,8 +161,9 @@ def test_truncate_keeps_the_last_tokens(tiny):
     assert out.ids == tiny.generate(ids[-56:], max_new_tokens=8).ids
     with pytest.raises(md.InputError, match="no room"):
         tiny.generate(ids, max_new_tokens=64, truncate=True)
-    with pytest.raises(md.InputError, match="context"):
-        tiny.logits([1] * 65)
+    with pytest.raises(md.InputError, match="logits of 65 tokens: more than the context of 64"):
+        tiny.logits([1] * 65)                       # no max_new_tokens or truncate to suggest
+    assert tiny.logits([1] * 64).shape[0] == 64
 
 
 def test_ctx_size_limits_the_context(tiny):
