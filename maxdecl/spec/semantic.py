@@ -46,6 +46,18 @@ def _hint(word, choices) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _weight_hint(name: str, weights) -> str:
+    """A hint for an unknown full weight name: when it is the tail of declared names
+    (a sibling layer's weight written without its layer path), those names and how to
+    write one from a block or repeat; else the closest name."""
+    tails = sorted(w for w in weights if w.endswith("." + name))
+    if not tails:
+        return _hint(name, weights)
+    shown = ", ".join(repr(w) for w in tails[:3]) + (", ..." if len(tails) > 3 else "")
+    return (f"; declared as {shown}: write the full name, with the block's or repeat's "
+            f"index where the path varies (\"blk.{{i}}.{name}\")")
+
+
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -208,7 +220,7 @@ class Expander:
             if name in self.weights:
                 self.used_weights.add(name)
             else:
-                self.problem(pos, f"unknown weight {name!r}" + _hint(name, self.weights)
+                self.problem(pos, f"unknown weight {name!r}" + _weight_hint(name, self.weights)
                              + " (weights are <layer path>.<name> from `weights:`)")
         self.check_computed()
         self.check_refuse()
