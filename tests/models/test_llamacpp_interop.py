@@ -1,12 +1,15 @@
-"""The GGUF layouts of the shipped qwen2, gpt2 and phi3 specs are llama.cpp's own: the
-files these tests write, as llama.cpp's converter names them, run in llama.cpp itself
-(llama-cpp-python) and give the transformers model's logits; maxdecl reads the same
-files. llama-cpp-python is not a test dependency (it builds llama.cpp): without it this
-module is skipped; `pip install llama-cpp-python` runs it.
+"""The GGUF layouts of the shipped qwen2, gpt2, phi3, starcoder2 and olmo2 specs are
+llama.cpp's own: the files these tests write, as llama.cpp's converter names them, run
+in llama.cpp itself (llama-cpp-python) and give the transformers model's logits;
+maxdecl reads the same files. llama-cpp-python is not a test dependency (it builds
+llama.cpp): without it this module is skipped; `pip install llama-cpp-python` runs it.
 
 Phi-3 is made without a sliding window here: llama.cpp does not apply Phi-3's window
 (it matters only past 2047 tokens in the released models), so with the 5-position
-window of test_phi3_hf.py the two disagree by design.
+window of test_phi3_hf.py the two disagree by design. StarCoder2 likewise: llama.cpp
+attends over the whole context for starcoder2 (its converter writes no window, and a
+starcoder2.attention.sliding_window key is not applied), so that case too is made
+without a window (4096 of 16384 tokens in the released models).
 """
 
 import numpy as np
@@ -24,16 +27,21 @@ TOL_LLAMA_CPP = 5e-3        # of max|ref|: llama.cpp keeps its KV cache in f16
 
 def _cases():
     import test_gpt2_hf
+    import test_olmo2_hf
     import test_phi3_hf
     import test_qwen2_hf
+    import test_starcoder2_hf
 
     return {"qwen2": (test_qwen2_hf.make_qwen2, test_qwen2_hf.qwen2_to_gguf, {}),
             "gpt2": (test_gpt2_hf.make_gpt2, test_gpt2_hf.gpt2_to_gguf, {}),
             "phi3": (test_phi3_hf.make_phi3, test_phi3_hf.phi3_to_gguf,
-                     {"sliding_window": None})}
+                     {"sliding_window": None}),
+            "starcoder2": (test_starcoder2_hf.make_starcoder2,
+                           test_starcoder2_hf.starcoder2_to_gguf, {"sliding_window": None}),
+            "olmo2": (test_olmo2_hf.make_olmo2, test_olmo2_hf.olmo2_to_gguf, {})}
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gpt2", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2", "phi3", "starcoder2", "olmo2"])
 def test_llama_cpp_runs_the_gguf_with_the_reference_logits(arch, tmp_path):
     make, to_gguf, kw = _cases()[arch]
     model = make(**kw)
