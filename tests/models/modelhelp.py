@@ -147,6 +147,24 @@ def compare(model, ref, ids, n_prompt: int = N_PROMPT) -> tuple[float, float]:
     return rel_err(pre, ref[:n_prompt]), rel_err(dec, ref[n_prompt:])
 
 
+def tiny_model(arch: str, path):
+    """``md.load_model`` of ``specs/<arch>.yaml``'s tiny variant on the weights at ``path``."""
+    import maxdecl as md
+
+    return md.load_model(spec_path(arch), path, variant="tiny")
+
+
+def hf_params(arch: str, path) -> tuple:
+    """(spec, metadata, params the metadata states) for ``specs/<arch>.yaml`` and the
+    checkpoint at ``path`` (``params_from_metadata``)."""
+    import maxdecl as md
+    from maxdecl.pipelines.model_loading import params_from_metadata
+
+    spec = md.load_spec(spec_path(arch))
+    meta = md.load_weights(path).metadata
+    return spec, meta, params_from_metadata(spec, meta)
+
+
 def max_abs_diff(model, ids, ref) -> float:
     """The largest |ours - ref| over the prefill and decode logits of ``ours_logits``."""
     p, d = ours_logits(model, ids)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
-                       compare, hf_case, hf_state, randomize, save_hf, spec_path)
+                       compare, hf_case, hf_params, hf_state, randomize, save_hf, spec_path,
+                       tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -54,13 +54,12 @@ def gpt2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(gpt2):
-    _, path, _, _ = gpt2
-    return md.load_model(spec_path("gpt2"), path, variant="tiny")
+    return tiny_model("gpt2", gpt2[1])
 
 
 def test_gpt2_config_from_hf(gpt2):
     model, path, _, _ = gpt2
-    got = params_from_metadata(md.load_spec(spec_path("gpt2")), md.load_weights(path).metadata)
+    got = hf_params("gpt2", path)[2]
     assert (got["dim"], got["n_layers"], got["n_heads"], got["vocab"]) == (64, 2, 4, 128)
     assert got["ffn_dim"] == 4 * 64                 # n_inner is null: 4 * n_embd
     assert got["context"] == 64                     # n_positions: the position table's rows
@@ -155,7 +154,7 @@ def test_gpt2_gguf_matches_hf(gpt2, tmp_path):
     """The same weights as a llama.cpp-style GGUF (gpt2.* keys, [out, in] weights)."""
     model, _, ids, ref = gpt2
     path = gpt2_to_gguf(model, tmp_path / "tiny-gpt2.gguf")
-    got = params_from_metadata(md.load_spec(spec_path("gpt2")), md.load_weights(path).metadata)
+    got = hf_params("gpt2", path)[2]
     assert (got["context"], got["ffn_dim"], got["n_heads"], got["vocab"]) == (64, 256, 4, 128)
     ours = md.load_model(spec_path("gpt2"), path, variant="tiny")
     pre, dec = compare(ours, ref, ids)

@@ -15,8 +15,8 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, hf_case, hf_state, randomize, spec_path)
+from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
+                       compare, hf_case, hf_params, hf_state, randomize, spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -48,15 +48,12 @@ def olmo2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(olmo2):
-    _, path, _, _ = olmo2
-    return md.load_model(spec_path("olmo2"), path, variant="tiny")
+    return tiny_model("olmo2", olmo2[1])
 
 
 def test_olmo2_config_from_hf(olmo2):
     model, path, _, _ = olmo2
-    spec = md.load_spec(spec_path("olmo2"))
-    meta = md.load_weights(path).metadata
-    got = params_from_metadata(spec, meta)
+    spec, meta, got = hf_params("olmo2", path)
     assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
     assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
     assert got["rope_theta"] == 500000.0 and got["norm_eps"] == pytest.approx(1e-6)
@@ -153,7 +150,7 @@ def test_olmo2_gguf_matches_hf(olmo2, tmp_path):
     """The same weights as a llama.cpp-style GGUF (olmo2.* keys, post_*_norm names)."""
     model, _, ids, ref = olmo2
     path = olmo2_to_gguf(model, tmp_path / "tiny-olmo2.gguf")
-    got = params_from_metadata(md.load_spec(spec_path("olmo2")), md.load_weights(path).metadata)
+    got = hf_params("olmo2", path)[2]
     assert (got["n_kv_heads"], got["vocab"], got["rope_theta"]) == (2, 128, 500000.0)
     assert got["norm_eps"] == pytest.approx(1e-6) and "window" not in got
     ours = md.load_model(spec_path("olmo2"), path, variant="tiny")

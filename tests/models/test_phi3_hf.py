@@ -12,7 +12,8 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, hf_case, hf_state, randomize, spec_path)
+                       assert_logits_match, compare, hf_case, hf_params, hf_state, randomize,
+                       spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -47,15 +48,12 @@ def phi3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(phi3):
-    _, path, _, _ = phi3
-    return md.load_model(spec_path("phi3"), path, variant="tiny")
+    return tiny_model("phi3", phi3[1])
 
 
 def test_phi3_config_from_hf(phi3):
     model, path, _, _ = phi3
-    spec = md.load_spec(spec_path("phi3"))
-    meta = md.load_weights(path).metadata
-    got = params_from_metadata(spec, meta)
+    spec, meta, got = hf_params("phi3", path)
     assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
     assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
     assert got["rot_dim"] == 8                       # head_dim 16 * partial_rotary_factor 0.5
@@ -129,7 +127,7 @@ def test_phi3_gguf_matches_hf(phi3, tmp_path):
     """The same weights as a llama.cpp-style GGUF (phi3.* keys, fused ffn_up)."""
     model, _, ids, ref = phi3
     path = phi3_to_gguf(model, tmp_path / "tiny-phi3.gguf")
-    got = params_from_metadata(md.load_spec(spec_path("phi3")), md.load_weights(path).metadata)
+    got = hf_params("phi3", path)[2]
     assert (got["rot_dim"], got["window"], got["n_kv_heads"]) == (8, WINDOW, 2)
     ours = md.load_model(spec_path("phi3"), path, variant="tiny")
     pre, dec = compare(ours, ref, ids)

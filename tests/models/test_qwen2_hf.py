@@ -13,7 +13,7 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
-                       compare, hf_case, hf_state, randomize, spec_path)
+                       compare, hf_case, hf_params, hf_state, randomize, spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -50,15 +50,12 @@ def qwen2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(qwen2):
-    _, path, _, _ = qwen2
-    return md.load_model(spec_path("qwen2"), path, variant="tiny")
+    return tiny_model("qwen2", qwen2[1])
 
 
 def test_qwen2_config_from_hf(qwen2):
     model, path, _, _ = qwen2
-    spec = md.load_spec(spec_path("qwen2"))
-    meta = md.load_weights(path).metadata
-    got = params_from_metadata(spec, meta)
+    spec, meta, got = hf_params("qwen2", path)
     assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
     assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
     assert got["rope_theta"] == 1e6 and got["norm_eps"] == pytest.approx(1e-6)
@@ -128,7 +125,7 @@ def test_qwen2_gguf_matches_hf(qwen2, tmp_path):
     tied output from token_embd.weight."""
     model, _, ids, ref = qwen2
     path = qwen2_to_gguf(model, tmp_path / "tiny-qwen2.gguf")
-    got = params_from_metadata(md.load_spec(spec_path("qwen2")), md.load_weights(path).metadata)
+    got = hf_params("qwen2", path)[2]
     assert got["rope_theta"] == 1e6 and got["n_kv_heads"] == 2 and got["vocab"] == 128
     ours = md.load_model(spec_path("qwen2"), path, variant="tiny")
     pre, dec = compare(ours, ref, ids)

@@ -17,7 +17,8 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, hf_case, hf_state, randomize, spec_path)
+                       assert_logits_match, compare, hf_case, hf_params, hf_state, randomize,
+                       spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -61,15 +62,12 @@ def starcoder2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(starcoder2):
-    _, path, _, _ = starcoder2
-    return md.load_model(spec_path("starcoder2"), path, variant="tiny")
+    return tiny_model("starcoder2", starcoder2[1])
 
 
 def test_starcoder2_config_from_hf(starcoder2):
     model, path, _, _ = starcoder2
-    spec = md.load_spec(spec_path("starcoder2"))
-    meta = md.load_weights(path).metadata
-    got = params_from_metadata(spec, meta)
+    spec, meta, got = hf_params("starcoder2", path)
     assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
     assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
     assert got["window"] == WINDOW and got["rope_theta"] == 100000.0
