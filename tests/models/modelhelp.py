@@ -219,6 +219,22 @@ def _add_tokenizer(writer, vocab: int):
     writer.add_eos_token_id(2)
 
 
+def gguf_writer(path, arch: str, cfg):
+    """A gguf.GGUFWriter for ``arch`` with the hyperparameters every decoder's converter
+    writes, from a transformers config's standard names (context, width, layers, FFN
+    width, query and key/value heads)."""
+    import gguf
+
+    w = gguf.GGUFWriter(os.fspath(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    return w
+
+
 def _write(writer, tensors: dict, quantize=None):
     """Write ``tensors``; ``quantize(name, array)`` may return (bytes uint8, GGMLQuantizationType)."""
     for name, arr in tensors.items():

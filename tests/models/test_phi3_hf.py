@@ -12,8 +12,8 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, hf_case, hf_params, hf_state, randomize,
-                       spec_path, tiny_model)
+                       assert_logits_match, compare, gguf_writer, hf_case, hf_params, hf_state,
+                       randomize, spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -97,13 +97,7 @@ def phi3_to_gguf(model, path) -> str:
 
     cfg, sd = model.config, hf_state(model)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    w = gguf.GGUFWriter(str(path), "phi3")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w = gguf_writer(path, "phi3", cfg)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_dimension_count(int(head_dim * cfg.rope_parameters["partial_rotary_factor"]))
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
