@@ -316,14 +316,8 @@ def llama_to_gguf(model, path, quantize=None, rope_freqs=True) -> str:
 
     cfg, sd = model.config, hf_state(model)
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    w = gguf.GGUFWriter(os.fspath(path), "llama")
+    w = gguf_writer(path, "llama", cfg)
     w.add_name("tiny-llama")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(nh)
-    w.add_head_count_kv(nkv)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(float(_rope_theta(cfg)))
     w.add_rope_dimension_count(cfg.hidden_size // nh)
@@ -358,14 +352,8 @@ def gemma3_to_gguf(model, path, quantize=None) -> str:
     import gguf
 
     cfg, sd = model.config, hf_state(model)
-    w = gguf.GGUFWriter(os.fspath(path), "gemma3")
+    w = gguf_writer(path, "gemma3", cfg)
     w.add_name("tiny-gemma3")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(float(_rope_theta(cfg, "full_attention")))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_key_length(cfg.head_dim)
