@@ -28,7 +28,10 @@ def test_validate_imports_no_numpy_or_numba_and_is_fast():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["rc"] == 0, out.stderr
     assert not got["numpy"] and not got["numba"]
-    assert got["cpu"] < 1.5, f"validate of {len(SPECS)} specs took {got['cpu']:.2f} s CPU"
+    # imports ~0.3 s, then each spec with all its variants unrolled (0.03-0.2 s here)
+    bound = 0.3 + 0.1 * len(SPECS)
+    assert got["cpu"] < bound, (f"validate of {len(SPECS)} specs took {got['cpu']:.2f} s CPU "
+                                f"(bound {bound:.1f} s)")
 
 
 def test_op_reference_is_generated_from_the_definitions():
