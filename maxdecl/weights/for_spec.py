@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import WeightsError
 from ..spec import Spec, load_spec
 from ..spec.expr import ExprError, evaluate, is_template, render, split_template
+from ..spec.semantic import variant_env
 from ..tensors import TensorDict
 from .strings import StringArray
 
@@ -80,13 +81,11 @@ def refuse_unsupported(spec, fmt, section: dict, params: dict) -> None:
     rules = section.get("refuse") if isinstance(section, dict) else None
     if not isinstance(rules, list) or not rules:
         return
-    from ..spec.semantic import variant_env
-
     env, _ = variant_env(spec, spec.variant, params)
     for rule in rules:
         when, why = rule.get("when"), rule.get("why", "")
         try:
-            hit = evaluate_rule(when, env)
+            hit = _rule_holds(when, env)
             message = render(why, env) if hit else ""
         except ExprError as e:
             raise WeightsError(f"{spec.file}: formats.{fmt}.refuse {when!r}: {e}") from None
@@ -95,7 +94,7 @@ def refuse_unsupported(spec, fmt, section: dict, params: dict) -> None:
                                f"(formats.{fmt}.refuse: {when})")
 
 
-def evaluate_rule(when, env) -> bool:
+def _rule_holds(when, env) -> bool:
     """A ``refuse`` rule's ``"{expression}"`` over ``env``: True or False (ExprError
     for anything else)."""
     value = render(when, env)
