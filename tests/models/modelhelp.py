@@ -165,6 +165,16 @@ def hf_params(arch: str, path) -> tuple:
     return spec, meta, params_from_metadata(spec, meta)
 
 
+# the hyperparameters of the tiny decoder configs the architecture tests build
+TINY_DECODER = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128,
+                "vocab": 128, "context": 64}
+
+
+def assert_tiny_decoder_params(got: dict) -> None:
+    """The params read from a tiny decoder's config are ``TINY_DECODER``."""
+    assert {k: got.get(k) for k in TINY_DECODER} == TINY_DECODER
+
+
 def max_abs_diff(model, ids, ref) -> float:
     """The largest |ours - ref| over the prefill and decode logits of ``ours_logits``."""
     p, d = ours_logits(model, ids)

@@ -12,8 +12,8 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, gguf_writer, hf_case, hf_params, hf_state,
-                       randomize, spec_path, tiny_model)
+                       assert_logits_match, assert_tiny_decoder_params, compare, gguf_writer,
+                       hf_case, hf_params, hf_state, randomize, spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -54,8 +54,7 @@ def ours(phi3):
 def test_phi3_config_from_hf(phi3):
     model, path, _, _ = phi3
     spec, meta, got = hf_params("phi3", path)
-    assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
-    assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
+    assert_tiny_decoder_params(got)
     assert got["rot_dim"] == 8                       # head_dim 16 * partial_rotary_factor 0.5
     assert got["window"] == WINDOW and got["rope_theta"] == 10000.0
     # config.json as Phi-3-mini-4k ships it (transformers < 5): top-level rope_theta,

@@ -17,8 +17,8 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, gguf_writer, hf_case, hf_params, hf_state,
-                       randomize, spec_path, tiny_model)
+                       assert_logits_match, assert_tiny_decoder_params, compare, gguf_writer,
+                       hf_case, hf_params, hf_state, randomize, spec_path, tiny_model)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -68,8 +68,7 @@ def ours(starcoder2):
 def test_starcoder2_config_from_hf(starcoder2):
     model, path, _, _ = starcoder2
     spec, meta, got = hf_params("starcoder2", path)
-    assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
-    assert got["ffn_dim"] == 128 and got["vocab"] == 128 and got["context"] == 64
+    assert_tiny_decoder_params(got)
     assert got["window"] == WINDOW and got["rope_theta"] == 100000.0
     assert got["norm_eps"] == pytest.approx(1e-5) and got["rope_type"] == "default"
     # config.json as StarCoder2 ships it (transformers < 5): top-level rope_theta,
