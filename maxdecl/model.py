@@ -292,6 +292,8 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
             tok, tok_source = tokenizer, "the tokenizer= argument"
     model_ctx = full.get("context")
     context = checks.check_ctx_size(ctx_size, model_ctx if isinstance(model_ctx, int) else None)
+    from .kernels import compiler_pages
+    compiler_pages.release()          # what importing and loading touched in the compiler
     return Model(spec, graph, td, full, tok, note, source, context, tok_source)
 
 

@@ -83,6 +83,8 @@ class CompiledGraph:
         self.fused = fusion.enabled(fuse)
         self.steps = fusion.plan(self._nodes, bound, self.fused)
         self._run = _generate(graph, weight_nodes, self.steps, self._nodes)
+        from .kernels import compiler_pages
+        self._pages = compiler_pages
 
     def __call__(self, *inputs, rows=None) -> list:
         arrays = [a if isinstance(a, (QuantizedTensor, PerSequence)) else np.asanyarray(a)
@@ -92,6 +94,7 @@ class CompiledGraph:
         else:
             rows = _check_batch(self, arrays, rows)
         env = arrays + self._bound
+        loads = self._pages.loads()
         try:
             return self._run(env, rows)
         except Exception as e:  # noqa: BLE001 - one error type out of a run
@@ -109,6 +112,9 @@ class CompiledGraph:
             ins = ", ".join(describe_value(a) for a in args)
             raise GraphError(f"{node.where()}: {type(e).__name__}: {e} "
                              f"(inputs: {ins}){also}") from e
+        finally:
+            if self._pages.loads() != loads:   # kernels were compiled or loaded: the
+                self._pages.release()          # compiler's pages go back (compiler_pages)
 
     def __repr__(self) -> str:
         return (f"CompiledGraph({self.name!r}, {len(self._nodes)} nodes, "
