@@ -66,6 +66,45 @@ def test_rows_kernel_batches_sequences_exactly(seed):
     assert twins[0].tobytes() == twins[1].tobytes()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_rows_kernel_numbers_do_not_depend_on_twin_or_task_split(seed):
+    """Every (parallel, serial) twin and every split of the query heads into tasks gives
+    the same bits (so a row's output does not depend on which path its batch took), and
+    a lone decode row with enough keys takes the spread path (a task per query head)."""
+    from maxdecl.kernels import attention_rows as ar
+    from maxdecl.kernels.aligned import address
+
+    rng = np.random.default_rng(200 + seed)
+    hkv = int(rng.choice([1, 2]))
+    group = int(rng.choice([2, 4]))
+    hq, d, t = hkv * group, int(rng.choice([32, 64, 80, 256])), int(rng.integers(100, 400))
+    window = [0, 50][seed % 2]
+    softcap = np.float32(0 if seed % 3 else 5.0)
+    slopes = (np.zeros(hq, np.float32) if seed < 3
+              else rng.uniform(0.01, 0.5, hq).astype(np.float32))
+    rows = int(rng.integers(1, 3))
+    if rows * hkv == 1:                                   # enough keys to spread
+        t = max(t, ar.SPREAD_MIN_WORK // (hq * d) + 1)
+    q = rng.standard_normal((rows, hq, d)).astype(np.float32)
+    k = rng.standard_normal((t, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((t, hkv, d)).astype(np.float32)
+    seqs = np.array([(address(k), address(v), t)], np.int64)
+    pos = np.array([(0, t - rows + i) for i in range(rows)], np.int64)
+    outs = []
+    for twin in ar._attention_rows:
+        for per in (1, group):
+            out = np.empty((rows, hq, d), np.float32)
+            twin(q, pos, seqs, hkv, out, np.float32(0.125), True, window, slopes, softcap, per)
+            outs.append(out.tobytes())
+    assert len(set(outs)) == 1
+    got = ar.attention_rows([q], [k], [v], 0.125, True, window or None,
+                            slopes if seed >= 3 else None, float(softcap) or None)[0]
+    assert got.tobytes() == outs[0]
+    ref = _reference(q[None], k[None], v[None], 0.125, True, window or None,
+                     slopes if seed >= 3 else None, float(softcap) or None, t - rows)[0]
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+
+
 def test_rows_kernel_rejects_mismatched_sequences():
     from maxdecl.kernels import attention_rows as ar
 
