@@ -8,54 +8,93 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import struct
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maxdecl.kernels import compiler_pages
 
-SMAPS = """\
-7f0000000000-7f0000100000 r--p 00000000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
-Rss:                1024 kB
-Anonymous:             0 kB
-Private_Dirty:         0 kB
-VmFlags: rd mr mw me sd
-7f0000100000-7f0000900000 r-xp 00100000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
-Rss:                8192 kB
-Anonymous:             0 kB
-Private_Dirty:         0 kB
-Swap:                  0 kB
-VmFlags: rd ex mr mw me sd
-7f0000900000-7f0000a00000 r--p 00900000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
-Rss:                1024 kB
-Anonymous:          1024 kB
-Private_Dirty:      1024 kB
-7f0000a00000-7f0000a10000 rw-p 00a00000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
-Rss:                  64 kB
-Anonymous:             0 kB
-7f0000b00000-7f0000c00000 r-xp 00000000 fd:01 43   /usr/lib/libc.so.6
-Rss:                1024 kB
-Anonymous:             0 kB
-7f0000c00000-7f0000d00000 r--p 00000000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
-Rss:                1024 kB
-Swap:                  4 kB
-7f0000d00000-7f0000e00000 r--p 00000000 00:00 0
-Rss:                   0 kB
-7f0000e00000-7f0000f00000 r-xp 00e00000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
-Rss:                 512 kB
+MAPS = """\
+7f0000000000-7f0000002000 r--p 00000000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
+7f0000002000-7f0000006000 r-xp 00002000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
+7f0000006000-7f0000007000 r--p 00006000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
+7f0000007000-7f0000008000 rw-p 00007000 fd:01 42   /site/llvmlite/binding/libllvmlite.so
+7f0000008000-7f0000009000 rw-p 00000000 00:00 0
+7f0000100000-7f0000200000 r-xp 00000000 fd:01 43   /usr/lib/libc.so.6
+7f0000300000-7f0000301000 r--p 00000000 fd:01 44   /tmp/a libllvmlite copy.so
 """
+PAGE = compiler_pages._PAGE
 
 
-def test_clean_ranges_picks_read_only_clean_mappings_of_the_library():
-    assert compiler_pages.clean_ranges(SMAPS) == [
-        (0x7f0000000000, 0x7f0000100000),      # read-only data, clean
-        (0x7f0000100000, 0x7f0000900000),      # code
-        (0x7f0000e00000, 0x7f0000f00000),      # the last mapping of the text
-    ]  # not: copy-on-write (relocated) pages, writable data, other files, swapped pages
+def _elf(segments, dynamic=((0, 0),)):
+    """A 64-bit little-endian ELF image: ``segments`` = (flags, offset, size) loadable
+    segments, then a dynamic section of (tag, value) entries."""
+    phnum = len(segments) + 1
+    dyn_at = 64 + 56 * phnum
+    dyn = b"".join(struct.pack("<qQ", t, v) for t, v in dynamic)
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", head, 0x20, 64)
+    struct.pack_into("<HH", head, 0x36, 56, phnum)
+    table = b"".join(struct.pack("<IIQQQQQQ", 1, flags, off, off, off, size, size, PAGE)
+                     for flags, off, size in segments)
+    table += struct.pack("<IIQQQQQQ", 2, 6, dyn_at, dyn_at, dyn_at, len(dyn), len(dyn), 8)
+    return bytes(head) + table + dyn
 
 
-def test_clean_ranges_of_nothing():
-    assert compiler_pages.clean_ranges("") == []
-    assert compiler_pages.clean_ranges(SMAPS, library="libnothing") == []
+def _reader(image):
+    return lambda offset, size: image[offset:offset + size]
+
+
+def test_read_only_segments_of_an_elf_image():
+    image = _elf([(4, 0, 100), (5, PAGE, 3 * PAGE + 10), (6, 5 * PAGE, 100)])
+    assert compiler_pages.read_only_segments(_reader(image)) == [
+        (0, PAGE), (PAGE, 5 * PAGE)]                     # whole pages; not the writable one
+
+
+def test_a_library_that_patches_its_code_has_no_read_only_segments():
+    for dynamic in (((22, 0), (0, 0)), ((30, 4), (0, 0)), ((1, 5),)):   # no DT_NULL: unsure
+        image = _elf([(5, 0, PAGE)], dynamic)
+        assert compiler_pages.read_only_segments(_reader(image)) == []
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.binary(max_size=600), st.integers(0, 599), st.binary(max_size=8))
+def test_read_only_segments_of_hostile_bytes_never_raise(junk, at, patch):
+    base = bytearray(_elf([(5, 0, PAGE), (6, PAGE, 10)]) + junk)
+    base[at:at + len(patch)] = patch
+    segs = compiler_pages.read_only_segments(_reader(bytes(base)))
+    assert all(lo % PAGE == 0 and hi % PAGE == 0 and lo <= hi for lo, hi in segs)
+
+
+def test_clean_ranges_picks_mappings_inside_read_only_segments_of_the_library():
+    segs = {"/site/llvmlite/binding/libllvmlite.so": [(0, 0x2000), (0x2000, 0x7000)],
+            "/tmp/a libllvmlite copy.so": [(0, 0x1000)]}
+    got = compiler_pages.clean_ranges(MAPS, lambda path, inode: segs.get(path, []))
+    assert got == [(0x7f0000000000, 0x7f0000002000), (0x7f0000002000, 0x7f0000006000),
+                   (0x7f0000006000, 0x7f0000007000), (0x7f0000300000, 0x7f0000301000)]
+    segs["/site/llvmlite/binding/libllvmlite.so"] = [(0, 0x2000), (0x2000, 0x6000)]
+    got = compiler_pages.clean_ranges(MAPS, lambda path, inode: segs.get(path, []))
+    assert (0x7f0000006000, 0x7f0000007000) not in got   # relocated data (made read-only)
+    assert compiler_pages.clean_ranges("", lambda path, inode: [(0, 1 << 40)]) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps")
+def test_the_loaded_llvm_library_has_read_only_segments():
+    import numba
+
+    numba.njit(lambda a: a + 1)(1.0)                      # LLVM is loaded and used
+    with open("/proc/self/maps") as f:
+        libs = {(line.split(None, 5)[5].strip(), int(line.split()[4])) for line in f
+                if compiler_pages.LIBRARY in line and len(line.split(None, 5)) == 6}
+    assert len(libs) == 1
+    path, inode = libs.pop()
+    segs = compiler_pages._segments(path, inode)
+    assert len(segs) >= 2 and all(lo < hi for lo, hi in segs)     # code and constants
+    assert compiler_pages._segments(path, inode + 1) == []          # replaced on disk: none
 
 
 CODE = """
