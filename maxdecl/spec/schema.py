@@ -77,18 +77,26 @@ def _to_problems(err, marks) -> list[RawProblem]:
         extras = [k for k in err.instance if k not in allowed]
         probs = []
         for k in extras:
-            close = difflib.get_close_matches(str(k), allowed, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = _close(k, allowed)
             where = list(err.absolute_path) + [k]
             probs.append(_at(where, f"unknown key {k!r} (expected one of: "
                                     f"{', '.join(allowed)}){hint}", marks, key=True))
         return probs
     if "propertyNames" in err.absolute_schema_path and isinstance(err.instance, str):
         bad = err.instance
-        return [_at(list(err.absolute_path) + [bad],
-                    f"invalid name {bad!r}: expected letters, digits and _, not starting "
-                    "with a digit", marks, key=True)]
+        message = (f"unknown name {bad!r} (expected one of: "
+                   f"{', '.join(map(str, err.validator_value))}){_close(bad, err.validator_value)}"
+                   if err.validator == "enum" else
+                   f"invalid name {bad!r}: expected letters, digits and _, not starting "
+                   "with a digit")
+        return [_at(list(err.absolute_path) + [bad], message, marks, key=True)]
     return [_at(err.absolute_path, _message(err), marks)]
+
+
+def _close(name, names) -> str:
+    """``"; did you mean 'x'?"`` for the entry of ``names`` closest to ``name``, or ""."""
+    close = difflib.get_close_matches(str(name), [str(x) for x in names], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _short(text: str) -> str:
@@ -120,9 +128,7 @@ def _message(err) -> str:
     if v == "const":
         return f"expected {val!r}, got {_found(inst)}"
     if v == "enum":
-        close = difflib.get_close_matches(str(inst), [str(x) for x in val], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"expected one of {', '.join(map(str, val))}, got {_found(inst)}{hint}"
+        return f"expected one of {', '.join(map(str, val))}, got {_found(inst)}{_close(inst, val)}"
     if v == "pattern":
         return f"{inst!r} is not valid here" + (f": {_short(desc)}" if desc else
                                                 f" (must match {val})")

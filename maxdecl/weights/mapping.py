@@ -31,9 +31,15 @@ Transforms, applied in declaration order (after stacking):
   ``A = -exp(A_log)`` is ``{exp: true, scale: -1.0}``.
 - ``squeeze: axis`` -- drop an axis of size 1 (torch's depthwise ``[C, 1, K]`` conv
   filters are ``[C, K]`` in GGUF).
+- ``permute_rows: {shape: [a, b, ...], order: [...]}`` -- the rows (first axis) seen
+  as an array of ``shape`` (one entry may be -1), its axes put in ``order``, flattened
+  back: fused projections whose row blocks differ between formats. HF BLOOM's
+  ``query_key_value`` rows are ``[n_heads, 3, head_dim]``, llama.cpp's ``[3, n_heads,
+  head_dim]``: ``{shape: [n_heads, 3, -1], order: [1, 0, 2]}``. ``permute_qk: n`` is
+  ``{shape: [n, 2, -1], order: [0, 2, 1]}``. Whole rows move (QuantizedTensors too).
 
 A transform value that is a string names a parameter in ``params``
-(``n_heads`` or ``"{n_heads}"``).
+(``n_heads`` or ``"{n_heads}"``), so may each entry of ``permute_rows``' ``shape``.
 
 A spec may also declare tensors a foreign format does not store but implies
 (``computed``: spec weight name -> number or ``"{expression}"`` over the params);
@@ -50,7 +56,7 @@ import numpy as np
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor, TensorDict
 
-__all__ = ["remap", "permute_qk", "compute_tensors", "TRANSFORMS"]
+__all__ = ["remap", "permute_qk", "permute_rows", "compute_tensors", "TRANSFORMS"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -147,8 +153,51 @@ def _squeeze(w, axis):
     return np.squeeze(np.asarray(w), axis)
 
 
+def permute_rows(w, shape, order):
+    """``w`` with its rows (first axis) viewed as ``shape`` (one entry may be -1),
+    those axes reordered by ``order`` and flattened back (see the module doc)."""
+    rows = int(w.shape[0]) if len(w.shape) else 0
+    whole = [isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+             for v in (*shape, *order)]
+    if not all(whole) or not all(-1 <= d <= max(rows, 1) for d in shape):
+        raise WeightsError(f"permute_rows: shape {shape} and order {order} must be whole "
+                           f"numbers, the sizes within the {rows} rows")
+    shape = [int(d) for d in shape]
+    order = [int(a) for a in order]
+    if sorted(order) != list(range(len(shape))) or not shape:
+        raise WeightsError(f"permute_rows: order {order} is not a permutation of the "
+                           f"{len(shape)} axes of shape {shape}")
+    if shape.count(-1) > 1 or any(d == 0 or d < -1 for d in shape):
+        raise WeightsError(f"permute_rows: shape {shape} needs positive sizes (one may be -1)")
+    known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+    if -1 in shape:
+        if known == 0 or rows % known:
+            raise WeightsError(f"permute_rows: {rows} rows do not fit shape {shape}")
+        shape[shape.index(-1)] = rows // known
+    elif known != rows:
+        raise WeightsError(f"permute_rows: {rows} rows do not fit shape {shape}")
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(permute_rows(w.data, shape, order), w.shape, w.encoding)
+    w = np.asarray(w)
+    out = w.reshape(*shape, *w.shape[1:]).transpose(*order, *range(len(shape), w.ndim - 1
+                                                                     + len(shape)))
+    return np.ascontiguousarray(out).reshape(w.shape)
+
+
+def _rows_arg(arg, params, where):
+    """``(shape, order)`` of a ``permute_rows`` value, param names in ``shape`` resolved."""
+    if (not isinstance(arg, dict) or set(arg) != {"shape", "order"}
+            or not isinstance(arg["shape"], list) or not isinstance(arg["order"], list)):
+        raise WeightsError(f"{where}: expects {{shape: [...], order: [...]}} (lists), "
+                           f"got {arg!r}")
+    return [_param(d, params, where) for d in arg["shape"]], arg["order"]
+
+
+_ARGS = {"permute_rows": _rows_arg}            # transforms whose value is not one scalar
+
 TRANSFORMS = {
     "permute_qk": lambda w, n: permute_qk(w, int(n)),
+    "permute_rows": lambda w, arg: permute_rows(w, *arg),
     "add": _add,
     "transpose": _transpose,
     "exp": _exp,
@@ -292,14 +341,13 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                 raise WeightsError(f"transforms {glob!r}: a mapping of transform: value "
                                    f"expected, got {spec!r}")
             for kind, raw in spec.items():
-                fn = TRANSFORMS.get(kind)
                 where = f"{target} (from {source}): {kind}"
-                if fn is None:
+                if kind not in TRANSFORMS:
                     raise WeightsError(f"{where}: unknown transform (known: "
                                        f"{', '.join(TRANSFORMS)})")
-                arg = _param(raw, params, where)
+                arg = _ARGS.get(kind, _param)(raw, params, where)
                 try:
-                    value = fn(value, arg)
+                    value = TRANSFORMS[kind](value, arg)
                 except (WeightsError, ValueError, TypeError) as e:
                     raise WeightsError(f"{target} (from {source}): {e}") from None
         out[target] = value

@@ -1,0 +1,80 @@
+"""The ``permute_rows`` transform: rows seen as an array of a given shape, axes reordered
+(fused projections whose row blocks differ between formats), against NumPy's own
+reshape and transpose, on arrays and packed rows; and the transform names the schema
+accepts are the loader's."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import maxdecl as md
+from maxdecl.errors import WeightsError
+from maxdecl.weights.mapping import TRANSFORMS, permute_qk, permute_rows, remap
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.randoms(use_true_random=False),
+       st.integers(0, 2), st.booleans())
+def test_permute_rows_is_numpy_reshape_transpose(shape, rnd, trailing, infer):
+    order = list(range(len(shape)))
+    rnd.shuffle(order)
+    rows = int(np.prod(shape))
+    w = np.arange(rows * 3 ** trailing, dtype=np.float32).reshape(rows, *[3] * trailing)
+    want = w.reshape(*shape, *w.shape[1:]).transpose(
+        *order, *range(len(shape), len(shape) + trailing)).reshape(w.shape)
+    given_shape = list(shape)
+    if infer:
+        given_shape[rnd.randrange(len(shape))] = -1
+    np.testing.assert_array_equal(permute_rows(w, given_shape, order), want)
+
+
+def test_permute_rows_generalises_permute_qk_and_moves_packed_rows():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    np.testing.assert_array_equal(permute_rows(w, [2, 2, -1], [0, 2, 1]), permute_qk(w, 2))
+    enc = md.codecs.get("q8_0")
+    data = rng.integers(0, 256, (6, enc.block_bytes), dtype=np.uint8)
+    qt = md.QuantizedTensor(data, (6, 32), "q8_0")
+    out = permute_rows(qt, [2, 3], [1, 0])
+    assert out.encoding == "q8_0" and out.shape == (6, 32)
+    np.testing.assert_array_equal(out.data, data[[0, 3, 1, 4, 2, 5]])
+
+
+def test_permute_rows_through_remap_with_param_names():
+    w = np.arange(24, dtype=np.float32).reshape(12, 2)      # [n_heads=2, 3, head_dim=2]
+    out = remap(md.TensorDict({"qkv": w}), {"qkv": "attn_qkv.weight"},
+                {"attn_qkv.weight": {"permute_rows": {"shape": ["n_heads", 3, "{head_dim}"],
+                                                      "order": [1, 0, 2]}}},
+                {"n_heads": 2, "head_dim": 2})
+    np.testing.assert_array_equal(out["attn_qkv.weight"][:, 0],
+                                  [0, 2, 12, 14, 4, 6, 16, 18, 8, 10, 20, 22])
+
+
+@pytest.mark.parametrize("arg, match", [
+    ({"shape": [5, -1], "order": [1, 0]}, "12 rows do not fit"),
+    ({"shape": [4, 3], "order": [0, 0]}, "not a permutation"),
+    ({"shape": [-1, -1], "order": [0, 1]}, "one may be -1"),
+    ({"shape": [2.5, -1], "order": [0, 1]}, "whole numbers"),
+    ({"shape": [10 ** 30, -1], "order": [0, 1]}, "whole numbers"),
+    ({"shape": [4, 3]}, "expects {shape"),
+    ([4, 3], "expects {shape"),
+    ({"shape": ["n", 3], "order": [0, 1]}, "unknown parameter 'n'"),
+])
+def test_permute_rows_errors_name_the_weight(arg, match):
+    td = md.TensorDict({"w": np.zeros((12, 2), np.float32)})
+    with pytest.raises(WeightsError, match=match) as err:
+        remap(td, {"w": "w"}, {"w": {"permute_rows": arg}}, {})
+    assert str(err.value).startswith("w (from w)")
+
+
+def test_schema_accepts_exactly_the_loaders_transforms():
+    path = os.path.join(os.path.dirname(md.__file__), "schema", "spec.schema.json")
+    with open(path) as f:
+        schema = json.load(f)
+    hf = schema["properties"]["formats"]["properties"]["hf"]["properties"]
+    names = hf["transforms"]["additionalProperties"]["propertyNames"]["enum"]
+    assert sorted(names) == sorted(TRANSFORMS)
