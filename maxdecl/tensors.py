@@ -103,7 +103,8 @@ class TensorDict(MutableMapping):
     llama2.c header; ``metadata["maxdecl.format"]`` names the file format.
     ``params`` holds the spec hyperparameters read from that metadata
     (``md.load_weights(path, spec=...)``; ``md.build`` uses them), ``variant`` the
-    spec variant they complete.
+    spec variant they complete, ``mapped_for`` the name of the spec whose ``formats``
+    mapping gave the tensors their names (None: the file's own names).
     """
 
     def __init__(self, items=None, metadata=None, params=None):
@@ -112,6 +113,7 @@ class TensorDict(MutableMapping):
         self.metadata: dict = dict(metadata) if metadata else {}
         self.params: dict = dict(params) if params else {}
         self.variant: str | None = None
+        self.mapped_for: str | None = None
         if items:
             for k, v in dict(items).items():
                 self[k] = v
@@ -153,7 +155,7 @@ class TensorDict(MutableMapping):
         import copy
 
         out = TensorDict(metadata=copy.deepcopy(self.metadata), params=copy.deepcopy(self.params))
-        out.variant = self.variant
+        out.variant, out.mapped_for = self.variant, self.mapped_for
         for k, v in self._items.items():
             out._items[k] = v.copy() if isinstance(v, QuantizedTensor) else np.array(v, copy=True)
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import WeightsError
 from ..weights.for_spec import params_from_metadata, prepare_weights  # noqa: F401 (moved)
 
 
@@ -53,6 +54,14 @@ def open_weights(spec, weights, variant=None):
     path = os.fspath(weights) if isinstance(weights, (str, os.PathLike)) else None
     td = load_weights(path) if path is not None else weights
     meta = dict(getattr(td, "metadata", {}) or {})
+    mapped_for = getattr(td, "mapped_for", None)
+    if mapped_for is not None:            # md.load_weights(path, spec=...) mapped it already
+        if mapped_for != spec.name:
+            raise WeightsError(f"these weights were mapped for spec {mapped_for!r}, not "
+                               f"{spec.name!r} ({spec.file}): load them without spec= or "
+                               "with this spec")
+        spec = spec.with_variant(variant or td.variant or spec.variant)
+        return spec, td, dict(td.params), None
     if variant:
         spec = spec.with_variant(variant)
     params = params_from_metadata(spec, meta)

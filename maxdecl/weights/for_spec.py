@@ -189,4 +189,5 @@ def load_for_spec(td: TensorDict, spec, variant: str | None = None) -> TensorDic
             out[name] = value
     out.params = dict(params)
     out.variant = spec.variant
+    out.mapped_for = spec.name
     return out

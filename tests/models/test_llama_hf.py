@@ -47,6 +47,22 @@ def test_llama3_prefill_and_decode_match_hf(llama):
     assert pre <= TOL and dec <= TOL
 
 
+def test_llama3_loads_weights_mapped_beforehand(llama):
+    """md.load_model takes a TensorDict already mapped by md.load_weights(path, spec=...)
+    as it is (the mapping is not applied twice), with the params read then; one mapped
+    for another spec is refused."""
+    model, path, ids, ref = llama
+    td = md.load_weights(path, spec=spec_path("llama3"))
+    assert td.mapped_for == "llama3" and "blk.0.attn_q.weight" in td
+    assert td.copy().mapped_for == "llama3"
+    ours = md.load_model(spec_path("llama3"), td, variant="tiny")
+    assert ours.params["n_kv_heads"] == 2
+    pre, dec = compare(ours, ref, ids)
+    assert pre <= TOL and dec <= TOL
+    with pytest.raises(md.WeightsError, match="mapped for spec 'llama3', not 'qwen2'"):
+        md.load_model(spec_path("qwen2"), td)
+
+
 def test_llama3_without_qk_permutation_fails(llama):
     """Negative control: without permute_qk, maxdecl's adjacent-pair rope on HF's
     half-split q/k rows gives clearly different logits."""
