@@ -21,18 +21,24 @@ def spec_path(name: str) -> str:
     return os.path.normpath(os.path.join(SPECS, f"{name}.yaml"))
 
 
-def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0.2):
+def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0.2,
+              bias_spread: float = 0.1):
     """Seeded weights that make every parameter matter.
 
-    1-D (norm) weights: ``norm_center + norm_spread * N(0, 1)``; embedding tables
-    N(0, 1); other matrices N(0, 1 / fan_in), so activations stay O(1).
+    Biases (``*.bias``, of norms and projections): ``bias_spread * N(0, 1)``, small next
+    to the gains as in released checkpoints (a final-norm bias near 1 would add one fixed
+    vector to every position, and greedy decoding would repeat one token); other 1-D
+    (norm) weights: ``norm_center + norm_spread * N(0, 1)``; embedding tables N(0, 1);
+    other matrices N(0, 1 / fan_in), so activations stay O(1).
     """
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if p.ndim == 1:
+            if p.ndim == 1 and name.endswith(".bias"):
+                p.copy_(bias_spread * torch.randn(p.shape, generator=gen))
+            elif p.ndim == 1:
                 p.copy_(norm_center + norm_spread * torch.randn(p.shape, generator=gen))
             elif "embed" in name or "wte" in name:
                 p.copy_(torch.randn(p.shape, generator=gen))

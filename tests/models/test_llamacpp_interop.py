@@ -1,6 +1,7 @@
-"""The GGUF layouts of the shipped qwen2, gpt2, phi3, starcoder2 and olmo2 specs are
-llama.cpp's own: the files these tests write, as llama.cpp's converter names them, run
-in llama.cpp itself (llama-cpp-python) and give the transformers model's logits;
+"""The GGUF layouts of the shipped qwen2, gpt2, phi3, starcoder2, olmo2, gptneox and bloom
+specs are llama.cpp's own: the files these tests write, as llama.cpp's converter names
+and lays them out (GPT-NeoX's and BLOOM's fused q/k/v rows reordered), run in llama.cpp
+itself (llama-cpp-python) and give the transformers model's logits;
 maxdecl reads the same files. llama-cpp-python is not a test dependency (it builds
 llama.cpp): without it this module is skipped; `pip install llama-cpp-python` runs it.
 
@@ -26,7 +27,9 @@ TOL_LLAMA_CPP = 5e-3        # of max|ref|: llama.cpp keeps its KV cache in f16
 
 
 def _cases():
+    import test_bloom_hf
     import test_gpt2_hf
+    import test_gptneox_hf
     import test_olmo2_hf
     import test_phi3_hf
     import test_qwen2_hf
@@ -38,10 +41,13 @@ def _cases():
                      {"sliding_window": None}),
             "starcoder2": (test_starcoder2_hf.make_starcoder2,
                            test_starcoder2_hf.starcoder2_to_gguf, {"sliding_window": None}),
-            "olmo2": (test_olmo2_hf.make_olmo2, test_olmo2_hf.olmo2_to_gguf, {})}
+            "olmo2": (test_olmo2_hf.make_olmo2, test_olmo2_hf.olmo2_to_gguf, {}),
+            "gptneox": (test_gptneox_hf.make_gptneox, test_gptneox_hf.gptneox_to_gguf, {}),
+            "bloom": (test_bloom_hf.make_bloom, test_bloom_hf.bloom_to_gguf, {})}
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gpt2", "phi3", "starcoder2", "olmo2"])
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2", "phi3", "starcoder2", "olmo2", "gptneox",
+                                  "bloom"])
 def test_llama_cpp_runs_the_gguf_with_the_reference_logits(arch, tmp_path):
     make, to_gguf, kw = _cases()[arch]
     model = make(**kw)
