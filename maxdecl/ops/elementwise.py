@@ -54,9 +54,20 @@ for _name in BINARY:
 for _name in UNARY:
     define(_name, rule=_unary_rule, run="elementwise", kind="elementwise",
            doc=f"elementwise {_name}", rule_doc="x: not quantized; out: the type of x")
+_FLOAT_UNARY_DOC = {
+    "rsqrt": "elementwise 1 / sqrt(x)",
+    "sigmoid": "elementwise 1 / (1 + exp(-x))",
+    "silu": "elementwise x * sigmoid(x) (swish; HF hidden_act silu)",
+    "gelu": "elementwise exact GELU, 0.5 * x * (1 + erf(x / sqrt(2))) (torch's default; "
+            "HF hidden_act gelu)",
+    "gelu_tanh": "elementwise GELU in its tanh form, 0.5 * x * (1 + tanh(sqrt(2 / pi) * "
+                 "(x + 0.044715 * x^3))) (torch's approximate='tanh'; HF gelu_new, "
+                 "gelu_fast, gelu_pytorch_tanh; BLOOM's bloom_gelu; ggml's gelu)",
+}
 for _name in FLOAT_UNARY:
     define(_name, rule=_float_unary_rule, run="elementwise", kind="elementwise",
-           doc=f"elementwise {_name}", rule_doc="x: float; out: the type of x")
+           doc=_FLOAT_UNARY_DOC.get(_name, f"elementwise {_name}"),
+           rule_doc="x: float; out: the type of x")
 define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
        normalize=_normalize_cast, kind="elementwise", doc="convert element type",
        rule_doc="x: not quantized; out: dtype, the shape of x")

@@ -201,6 +201,11 @@ def attention():  # noqa: A001 - the signature comes from the definition
     (ALiBi); a query at i sees key j when ``j <= i`` (causal) and ``i - j < W``
     (``sliding_window``). A query that sees no key gives zeros.
 
+    ``alibi_slopes``: a list of Hq floats (slope_h for query head h), e.g. the
+    expression ``alibi_slopes(n_heads, 8.0)``; HF's BLOOM adds ``slope_h * j``, which
+    the softmax makes the same as ``slope_h * (j - i)``. ``softcap``: a float (0 or
+    None: none). ``sliding_window``: an int W (None or 0: none).
+
     With ``kv_cache`` ``[2, ..., T_past, Hkv, D]`` (k and v stacked; T_past may be 0),
     the keys are the cache followed by this step's k, v, and the op returns
     ``(out, new_cache)`` with ``new_cache`` ``[2, ..., T_past + T, Hkv, D]``;
