@@ -13,8 +13,8 @@ byte changes.
 
 ``CompiledGraph`` calls ``release()`` after a run in which numba compiled or loaded a
 kernel (``loads()`` changed), and ``md.load_model`` once its imports are done.
-Measured, ``bench/generate.py`` (Gemma 3 270M Q4_K_M): peak RSS 418 -> 387 MB, resident
-after the first token 403 -> 342 MB. Linux only; elsewhere a no-op.
+Measured, ``bench/generate.py`` (Gemma 3 270M Q4_K_M): peak RSS 418 -> 386-390 MB,
+resident after the first token 403 -> 340-342 MB. Linux only; elsewhere a no-op.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def loads() -> int:
 
 def read_only_segments(read) -> list[tuple[int, int]]:
     """File ranges ``[lo, hi)``, widened to whole pages, of the loadable segments without
-    write permission of a 64-bit little-endian ELF file, read through ``read(offset, size) -> bytes``; [] for
-    anything else, or for a library that patches its code at load (TEXTREL)."""
+    write permission of a 64-bit little-endian ELF file, read through ``read(offset,
+    size) -> bytes``; [] for anything else, or for a library that patches its code at
+    load (TEXTREL)."""
     head = read(0, 64)
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return []
