@@ -37,9 +37,15 @@ Transforms, applied in declaration order (after stacking):
   ``query_key_value`` rows are ``[n_heads, 3, head_dim]``, llama.cpp's ``[3, n_heads,
   head_dim]``: ``{shape: [n_heads, 3, -1], order: [1, 0, 2]}``. ``permute_qk: n`` is
   ``{shape: [n, 2, -1], order: [0, 2, 1]}``. Whole rows move (QuantizedTensors too).
+- ``regroup_rows: {groups: g, sizes: [a, b, ...]}`` -- the rows in ``g`` equal groups,
+  each cut into sections of ``a``, ``b``, ... rows (one may be -1: the rest); the result
+  is section 0 of every group, then section 1 of every group, ...: Falcon-40B's
+  ``query_key_value`` (per kv head: its query heads, its key, its value) to llama.cpp's
+  q | k | v is ``{groups: n_kv_heads, sizes: [-1, head_dim, head_dim]}``. Whole rows move.
 
 A transform value that is a string names a parameter in ``params``
-(``n_heads`` or ``"{n_heads}"``), so may each entry of ``permute_rows``' ``shape``.
+(``n_heads`` or ``"{n_heads}"``), so may each entry of ``permute_rows``' ``shape``
+and ``regroup_rows``' ``groups`` and ``sizes``.
 
 A spec may also declare tensors a foreign format does not store but implies
 (``computed``: spec weight name -> number or ``"{expression}"`` over the params);
@@ -56,7 +62,8 @@ import numpy as np
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor, TensorDict
 
-__all__ = ["remap", "permute_qk", "permute_rows", "compute_tensors", "TRANSFORMS"]
+__all__ = ["remap", "permute_qk", "permute_rows", "regroup_rows", "compute_tensors",
+           "TRANSFORMS"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -184,6 +191,43 @@ def permute_rows(w, shape, order):
     return np.ascontiguousarray(out).reshape(w.shape)
 
 
+def regroup_rows(w, groups, sizes):
+    """``w``'s rows in ``groups`` equal groups cut into sections of ``sizes`` rows (one
+    may be -1), reassembled section by section across the groups (see the module doc)."""
+    rows = int(w.shape[0]) if len(w.shape) else 0
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+               for v in (groups, *sizes)):
+        raise WeightsError(f"regroup_rows: groups {groups!r} and sizes {sizes!r} must be "
+                           "whole numbers")
+    groups, sizes = int(groups), [int(v) for v in sizes]
+    if groups < 1 or rows % groups or not sizes or sizes.count(-1) > 1 or min(sizes) < -1:
+        raise WeightsError(f"regroup_rows: {rows} rows cannot be cut into {groups} groups "
+                           f"of sections {sizes} (one size may be -1)")
+    per = rows // groups
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = per - (sum(sizes) + 1)
+    if min(sizes) < 0 or sum(sizes) != per:
+        raise WeightsError(f"regroup_rows: sections {sizes} do not add up to the {per} rows "
+                           f"of each of {groups} groups")
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(regroup_rows(w.data, groups, sizes), w.shape, w.encoding)
+    w = np.asarray(w)
+    g = w.reshape(groups, per, *w.shape[1:])
+    cuts = np.cumsum([0, *sizes])
+    return np.concatenate([g[:, a:b].reshape(-1, *w.shape[1:]) for a, b in
+                           zip(cuts[:-1], cuts[1:])], axis=0).reshape(w.shape)
+
+
+def _groups_arg(arg, params, where):
+    """``(groups, sizes)`` of a ``regroup_rows`` value, param names resolved."""
+    if (not isinstance(arg, dict) or set(arg) != {"groups", "sizes"}
+            or not isinstance(arg["sizes"], list)):
+        raise WeightsError(f"{where}: expects {{groups: n, sizes: [...]}} (a list), "
+                           f"got {arg!r}")
+    return (_param(arg["groups"], params, where),
+            [_param(d, params, where) for d in arg["sizes"]])
+
+
 def _rows_arg(arg, params, where):
     """``(shape, order)`` of a ``permute_rows`` value, param names in ``shape`` resolved."""
     if (not isinstance(arg, dict) or set(arg) != {"shape", "order"}
@@ -193,11 +237,12 @@ def _rows_arg(arg, params, where):
     return [_param(d, params, where) for d in arg["shape"]], arg["order"]
 
 
-_ARGS = {"permute_rows": _rows_arg}            # transforms whose value is not one scalar
+_ARGS = {"permute_rows": _rows_arg, "regroup_rows": _groups_arg}   # not one scalar
 
 TRANSFORMS = {
     "permute_qk": lambda w, n: permute_qk(w, int(n)),
     "permute_rows": lambda w, arg: permute_rows(w, *arg),
+    "regroup_rows": lambda w, arg: regroup_rows(w, *arg),
     "add": _add,
     "transpose": _transpose,
     "exp": _exp,

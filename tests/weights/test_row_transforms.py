@@ -1,7 +1,8 @@
-"""The ``permute_rows`` transform: rows seen as an array of a given shape, axes reordered
-(fused projections whose row blocks differ between formats), against NumPy's own
-reshape and transpose, on arrays and packed rows; and the transform names the schema
-accepts are the loader's."""
+"""The row transforms for fused projections whose row blocks differ between formats:
+``permute_rows`` (rows seen as an array of a given shape, axes reordered) against
+NumPy's own reshape and transpose, ``regroup_rows`` (groups cut into sections,
+reassembled section by section) against a plain loop; on arrays and packed rows; and
+the transform names the schema accepts are the loader's."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import maxdecl as md
 from maxdecl.errors import WeightsError
-from maxdecl.weights.mapping import TRANSFORMS, permute_qk, permute_rows, remap
+from maxdecl.weights.mapping import TRANSFORMS, permute_qk, permute_rows, regroup_rows, remap
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -68,6 +69,59 @@ def test_permute_rows_errors_name_the_weight(arg, match):
     td = md.TensorDict({"w": np.zeros((12, 2), np.float32)})
     with pytest.raises(WeightsError, match=match) as err:
         remap(td, {"w": "w"}, {"w": {"permute_rows": arg}}, {})
+    assert str(err.value).startswith("w (from w)")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(1, 4), st.lists(st.integers(0, 3), min_size=1, max_size=4),
+       st.integers(0, 3), st.booleans())
+def test_regroup_rows_is_sections_across_groups(groups, sizes, infer_at, trailing):
+    per = sum(sizes)
+    w = np.arange(groups * per * (3 if trailing else 1), dtype=np.float32)
+    w = w.reshape(groups * per, 3) if trailing else w
+    want = []
+    for k, size in enumerate(sizes):                  # section k of every group in turn
+        start = sum(sizes[:k])
+        for g in range(groups):
+            want.extend(w[g * per + start: g * per + start + size])
+    given_sizes = list(sizes)
+    given_sizes[infer_at % len(sizes)] = -1
+    got = regroup_rows(w, groups, given_sizes)
+    assert got.shape == w.shape
+    np.testing.assert_array_equal(got, np.array(want, np.float32).reshape(w.shape))
+
+
+def test_regroup_rows_falcon_qkv_and_bloom_as_a_special_case():
+    n_kv, q_per_kv, hd = 2, 3, 4                     # Falcon-40B: per kv head q q q k v
+    w = np.arange(n_kv * (q_per_kv + 2) * hd, dtype=np.float32)
+    out = remap(md.TensorDict({"qkv": w}), {"qkv": "qkv"},
+                {"qkv": {"regroup_rows": {"groups": "n_kv_heads",
+                                          "sizes": [-1, "head_dim", "{head_dim}"]}}},
+                {"n_kv_heads": n_kv, "head_dim": hd})["qkv"]
+    g = w.reshape(n_kv, q_per_kv + 2, hd)
+    np.testing.assert_array_equal(out, np.concatenate(
+        [g[:, :q_per_kv].ravel(), g[:, q_per_kv].ravel(), g[:, q_per_kv + 1].ravel()]))
+    b = np.arange(24, dtype=np.float32)              # BLOOM: [n_heads, 3, head_dim] -> q|k|v
+    np.testing.assert_array_equal(regroup_rows(b, 4, [2, 2, 2]),
+                                  permute_rows(b, [4, 3, 2], [1, 0, 2]))
+    enc = md.codecs.get("q8_0")
+    data = np.random.default_rng(1).integers(0, 256, (6, enc.block_bytes), dtype=np.uint8)
+    qt = regroup_rows(md.QuantizedTensor(data, (6, 32), "q8_0"), 2, [1, -1])
+    np.testing.assert_array_equal(qt.data, data[[0, 3, 1, 2, 4, 5]])
+
+
+@pytest.mark.parametrize("arg, match", [
+    ({"groups": 5, "sizes": [-1]}, "cannot be cut into 5 groups"),
+    ({"groups": 2, "sizes": [-1, -1]}, "one size may be -1"),
+    ({"groups": 2, "sizes": [7, 2]}, "do not add up"),
+    ({"groups": 2.5, "sizes": [1]}, "whole numbers"),
+    ({"groups": 2}, "expects {groups"),
+    ({"groups": "n", "sizes": [1]}, "unknown parameter 'n'"),
+])
+def test_regroup_rows_errors_name_the_weight(arg, match):
+    td = md.TensorDict({"w": np.zeros((12, 2), np.float32)})
+    with pytest.raises(WeightsError, match=match) as err:
+        remap(td, {"w": "w"}, {"w": {"regroup_rows": arg}}, {})
     assert str(err.value).startswith("w (from w)")
 
 
