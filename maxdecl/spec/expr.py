@@ -178,12 +178,14 @@ def names(text: str) -> frozenset:
                      if isinstance(n, ast.Name) and id(n) not in funcs)
 
 
-def evaluate(text: str, env: dict):
+def evaluate(text: str, env: dict, strict: bool = True):
     """Value of expression ``text`` with the variables in ``env``.
 
-    Every name must be defined, even in a branch that is not taken.
+    Every name must be defined, even in a branch that is not taken; with
+    ``strict=False`` only the names the evaluation reaches (``formats.hf.config``
+    expressions over a config.json that may lack a key).
     """
-    for name in sorted(names(text)):
+    for name in sorted(names(text)) if strict else ():
         if name not in env:
             raise ExprError(f"undefined name {name!r} in {text.strip()!r}" + _hint(name, env))
     tree = parse(text)

@@ -117,7 +117,8 @@ def _hf_config_value(key, config: dict):
             parts = split_template(key)
             if len(parts) != 1 or not parts[0][0]:
                 return None
-            return evaluate(parts[0][1], config)
+            return evaluate(parts[0][1], config, strict=False)   # keys of a branch not taken
+                                                               # may be absent
         except ExprError:
             return None
     return config.get(key)

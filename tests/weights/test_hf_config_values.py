@@ -1,0 +1,35 @@
+"""``formats.hf.config`` alternatives: a key, an expression over config.json keys (only
+the keys its taken branch reads must be there), a constant; tried in order."""
+
+import dataclasses
+import os
+from types import MappingProxyType
+
+import maxdecl as md
+from maxdecl.weights.for_spec import params_from_metadata
+
+SPEC = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "specs", "llama3.yaml")
+
+
+def _with_config(config: dict):
+    spec = md.load_spec(SPEC)
+    formats = {k: dict(v) for k, v in spec.formats.items()}
+    formats["hf"]["config"] = config
+    return dataclasses.replace(spec, formats=MappingProxyType(formats))
+
+
+def test_an_expression_needs_only_the_keys_of_its_taken_branch():
+    spec = _with_config({
+        "n_heads": "{num_heads if num_heads else absent_key}",      # taken: num_heads
+        "n_kv_heads": ["{absent_key}", "{absent_key if False else 2}"],
+        "dim": ["{absent_key * 2}", "hidden_size"],
+        "rope_theta": 10000.0,                                     # a constant
+    })
+    meta = {"maxdecl.format": "hf", "num_heads": 8, "hidden_size": 64}
+    got = params_from_metadata(spec, meta)
+    assert got == {"n_heads": 8, "n_kv_heads": 2, "dim": 64, "rope_theta": 10000.0}
+
+
+def test_a_param_none_of_whose_alternatives_gives_a_value_is_left_out():
+    spec = _with_config({"n_heads": ["{absent_key}", "other_absent_key"]})
+    assert params_from_metadata(spec, {"maxdecl.format": "hf", "num_heads": 8}) == {}
