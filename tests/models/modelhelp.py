@@ -216,6 +216,13 @@ def without_hf_transforms(spec):
     return dataclasses.replace(spec, formats=MappingProxyType(formats))
 
 
+def with_hf_config(spec, **values):
+    """The same spec with some ``formats.hf.config`` entries replaced (negative controls)."""
+    formats = {k: dict(v) for k, v in spec.formats.items()}
+    formats["hf"]["config"] = {**formats["hf"]["config"], **values}
+    return dataclasses.replace(spec, formats=MappingProxyType(formats))
+
+
 # -- GGUF export, as llama.cpp's convert_hf_to_gguf.py does it --------------------------
 
 def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:

@@ -8,11 +8,9 @@ Two configs: 4 heads (a power of two) and 6 heads (BLOOM's extra slopes for the
 heads past the largest power of two).
 """
 
-import dataclasses
 import os
 import subprocess
 import sys
-from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ import maxdecl as md
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
                        compare, hf_case, hf_params, hf_state, randomize, spec_path, tiny_model,
-                       without_hf_transforms)
+                       with_hf_config, without_hf_transforms)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -56,13 +54,6 @@ def hf_slopes(n_heads: int) -> list[float]:
 
 def attention_slopes(ours) -> list[tuple]:
     return [n.attrs["alibi_slopes"] for n in ours.graph.nodes if n.op == "attention"]
-
-
-def with_hf_config(spec, **values):
-    """The same spec with some ``formats.hf.config`` entries replaced (negative controls)."""
-    formats = {k: dict(v) for k, v in spec.formats.items()}
-    formats["hf"]["config"] = {**formats["hf"]["config"], **values}
-    return dataclasses.replace(spec, formats=MappingProxyType(formats))
 
 
 @pytest.fixture(scope="module")
