@@ -17,7 +17,7 @@ from ..errors import WeightsError
 from ..spec import Spec, load_spec
 from ..spec.expr import ExprError, evaluate, is_template, render, split_template
 from ..spec.semantic import variant_env
-from ..tensors import TensorDict
+from ..tensors import QuantizedTensor, TensorDict
 from .strings import StringArray
 
 __all__ = ["load_for_spec", "params_from_metadata", "prepare_weights"]
@@ -154,7 +154,20 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
             raise WeightsError(f"{name}: the weights have it and formats.{fmt}.computed "
                                "computes it; keep one")
         weights[name] = value
+    _widen_bf16(prog, weights)
     return weights
+
+
+def _widen_bf16(prog, weights) -> None:
+    """bf16 tensors the spec declares unquantized (``f32``/``f16``) that are not matrices
+    (norm weights, biases, conv filters: the ops reading them take float) become float32,
+    exactly, in place; bf16 matrices stay packed (``linear`` and ``embedding`` read
+    them so). Hugging Face checkpoints are mostly bf16, their norms and biases too."""
+    for w in prog.weights:
+        t = weights[w.name] if w.name in weights else None
+        if (isinstance(t, QuantizedTensor) and t.encoding == "bf16" and len(t.shape) != 2
+                and w.encoding in ("f32", "f16")):
+            weights[w.name] = t.dequantize()
 
 
 

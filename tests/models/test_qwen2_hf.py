@@ -14,7 +14,7 @@ from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
                        assert_tiny_decoder_params, compare, gguf_writer, hf_case, hf_params,
-                       hf_state, randomize, spec_path, tiny_model)
+                       hf_logits, hf_state, randomize, spec_path, tiny_model, token_ids)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -72,6 +72,26 @@ def test_qwen2_prefill_and_decode_match_hf(qwen2, ours):
 
 def test_qwen2_greedy_generate_matches_hf(qwen2, ours):
     assert_greedy_matches_hf(qwen2[0], ours, PROMPTS, N_NEW)
+
+
+def test_qwen2_bf16_checkpoint_loads(tmp_path):
+    """A bf16 checkpoint (as most on the Hub are): its matrices stay packed bf16, its
+    norm weights and biases, which ops read as float, become float32 (exactly), and the
+    logits are the transformers model's on the same bf16 weights."""
+    import torch
+
+    model = make_qwen2().to(torch.bfloat16)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    ours = tiny_model("qwen2", tmp_path)
+    w = ours.weights
+    assert w["blk.0.attn_q.weight"].encoding == "bf16"
+    assert w["blk.0.attn_norm.weight"].dtype == np.float32
+    assert w["blk.0.attn_q.bias"].dtype == np.float32
+    np.testing.assert_array_equal(w["blk.0.attn_q.bias"],
+                                  model.model.layers[0].self_attn.q_proj.bias.detach().float().numpy())
+    ids = token_ids(model.config.vocab_size)
+    pre, dec = compare(ours, hf_logits(model.float(), ids), ids)
+    assert pre <= TOL and dec <= TOL
 
 
 def test_qwen2_qkv_biases_matter(qwen2):
