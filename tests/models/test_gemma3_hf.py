@@ -89,3 +89,16 @@ def test_gemma3_layer_types_from_config(tmp_path):
     ours = md.load_model(spec_path("gemma3"), td, variant="tiny")
     pre, dec = compare(ours, ref, ids)
     assert pre > 10 * TOL and dec > 10 * TOL
+
+
+@pytest.mark.parametrize("n_layers, dim, n_heads, head_dim, want", [
+    (62, 5376, 32, 128, 168),      # 27B: dim / n_heads, as llama.cpp and its config.json
+    (34, 2560, 8, 256, 256),       # 4B: head_dim
+])
+def test_gemma3_attention_scale_without_query_pre_attn_scalar(n_layers, dim, n_heads,
+                                                              head_dim, want):
+    """A GGUF states no query_pre_attn_scalar: the scale follows llama.cpp's rule."""
+    spec = md.load_spec(spec_path("gemma3"))
+    got = spec.program("270m", dict(n_layers=n_layers, dim=dim, n_heads=n_heads,
+                                    head_dim=head_dim, query_pre_attn_scalar=None)).params
+    assert got["attn_scalar"] == want and got["attn_scale"] == pytest.approx(want ** -0.5)
