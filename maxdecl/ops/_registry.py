@@ -63,6 +63,9 @@ class OpDef:
     # md.ops.<name>(): the required inputs, then these names (optional inputs and
     # attributes) in this order; default: the optional inputs, then the attributes
     call_order: tuple = ()
+    # inputs the op reads in their packed blocks when they are quantized (linear's w,
+    # embedding's table); every other input of a weight must be a plain float tensor
+    packed: tuple = ()
 
     def arity(self) -> tuple[int, int | None]:
         """(min, max) number of inputs; max None for variadic ops."""
@@ -113,7 +116,7 @@ _BATCH_RUNNERS: dict[str, Callable | None] = {}
 def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, attrs=None,
            outputs=1, doc="", normalize=None, kind="", rule_doc="", dim_attrs=(),
            outputs_doc="", sequence_axis=None, state=None, call_order=(),
-           sequence_inputs=()) -> OpDef:
+           sequence_inputs=(), packed=()) -> OpDef:
     """Define and register op ``name``; a name is defined once."""
     if name in REGISTRY:
         raise GraphError(f"op {name!r} is already registered")
@@ -121,7 +124,7 @@ def define(name: str, *, rule, run, inputs=("x",), optional=(), variadic=False, 
                   MappingProxyType(dict(attrs or {})), outputs, doc, normalize, kind, rule_doc,
                   tuple(dim_attrs), outputs_doc, sequence_axis,
                   MappingProxyType(dict(state or {})), tuple(sequence_inputs),
-                  tuple(call_order))
+                  tuple(call_order), tuple(packed))
     REGISTRY[name] = opdef
     return opdef
 

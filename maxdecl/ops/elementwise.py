@@ -77,4 +77,6 @@ add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # no
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh = (
     public_op(n) for n in FLOAT_UNARY)
-cast = public_op("cast", "Convert ``x`` to ``dtype`` (a md.DType or its name).")
+cast = public_op("cast", "Convert ``x`` to ``dtype`` (a md.DType or its name).\n\n"
+                 "``dtype``: float32, float16, bfloat16, int8, uint8, int32, int64 or bool, "
+                 "as NumPy's ``astype``: to bool, nonzero is True; float to int truncates.")

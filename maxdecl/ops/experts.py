@@ -115,7 +115,7 @@ def _expert_linear_rule(types, attrs):
 
 
 define("expert_linear", rule=_expert_linear_rule, run="experts", inputs=("x", "w", "ids"),
-       optional=("bias",), kind="linalg",
+       optional=("bias",), kind="linalg", packed=("w",),
        doc="out[..., j, :] = x_j @ w[ids[..., j]].T (+ bias[ids[..., j]]), x_j the token's "
            "row (or its j-th row): each token through its chosen experts only, no other "
            "expert read (llama.cpp's mul_mat_id)",

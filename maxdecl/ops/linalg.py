@@ -82,10 +82,11 @@ define("matmul", rule=_matmul_rule, run="linalg", inputs=("a", "b"), kind="linal
        rule_doc="a, b: one dtype; a[..., M, K] @ b[..., K, N] -> [..., M, N], 1-D promoted "
                 "as NumPy; batch dims broadcast")
 define("qmatmul", rule=_qmatmul_rule, run="linalg", inputs=("x", "w"), kind="linalg",
+       packed=("w",),
        doc="x @ dequantize(w).T on packed blocks; w quantized [N, K]",
        rule_doc="x float32[..., K], w quantized [N, K] -> float32[..., N]")
 define("linear", rule=_linear_rule, run="linalg", inputs=("x", "w"), optional=("bias",),
-       kind="linalg", doc="x @ w.T (+ bias); w [N, K] quantized (runs qmatmul) or float",
+       kind="linalg", packed=("w",), doc="x @ w.T (+ bias); w [N, K] quantized (runs qmatmul) or float",
        rule_doc="x float[..., K], w [N, K] (quantized: x float32; float: x's dtype), "
                 "bias [N] -> [..., N]")
 

@@ -25,7 +25,7 @@ def _embedding_rule(inputs, attrs):
 
 
 define("embedding", rule=_embedding_rule, run="transformer", inputs=("table", "ids"),
-       kind="transformer", doc="rows of table (float or quantized) picked by integer ids",
+       kind="transformer", packed=("table",), doc="rows of table (float or quantized) picked by integer ids",
        rule_doc="table [vocab, dim] (quantized gives float32), ids integer -> [*ids, dim]")
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..spec import Spec, load_spec
+from ..spec.decls import POp
 from ..spec.expr import ExprError, evaluate, is_template, render, split_template
 from ..spec.semantic import variant_env
 from ..tensors import QuantizedTensor, TensorDict
@@ -159,16 +160,25 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
 
 
 def _widen_bf16(prog, weights) -> None:
-    """bf16 tensors the spec declares unquantized (``f32``/``f16``) that are not matrices
-    (norm weights, biases, conv filters: the ops reading them take float) become float32,
-    exactly, in place; bf16 matrices stay packed (``linear`` and ``embedding`` read
-    them so). Hugging Face checkpoints are mostly bf16, their norms and biases too."""
-    for w in prog.weights:
-        t = weights[w.name] if w.name in weights else None
-        if (isinstance(t, QuantizedTensor) and t.encoding == "bf16" and len(t.shape) != 2
-                and w.encoding in ("f32", "f16")):
-            weights[w.name] = t.dequantize()
+    """bf16 tensors that some op reads as a plain tensor (a norm's gain, a bias, an
+    elementwise operand: any input not in its op's ``packed`` inputs) become float32,
+    exactly, in place; a bf16 matrix only ``linear``/``embedding``-like inputs read stays
+    packed. Hugging Face checkpoints are mostly bf16, their norms and biases too."""
+    from ..ops import _registry
 
+    plain = set()
+    for step in prog.steps:
+        if not isinstance(step, POp):
+            continue
+        opdef = _registry.get(step.op)
+        names = list(opdef.inputs) + list(opdef.optional)
+        for k, ref in enumerate(step.inputs):
+            if ref.kind == "weight" and (k >= len(names) or names[k] not in opdef.packed):
+                plain.add(ref.target)
+    for name in plain:
+        t = weights[name] if name in weights else None
+        if isinstance(t, QuantizedTensor) and t.encoding == "bf16":
+            weights[name] = t.dequantize()
 
 
 def load_for_spec(td: TensorDict, spec, variant: str | None = None) -> TensorDict:
