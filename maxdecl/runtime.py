@@ -76,13 +76,16 @@ class CompiledGraph:
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = list(graph.output_names)
         self.weights = weights
-        self._nodes = [n for n in graph.nodes if n.op != "weight"]
         weight_nodes = [n for n in graph.nodes if n.op == "weight"]
         self._bound = [_bind_weight(n, weights) for n in weight_nodes]
         bound = {id(n.outputs[0]): w for n, w in zip(weight_nodes, self._bound)}
+        self._nodes, folded = _fold_weight_casts(
+            [n for n in graph.nodes if n.op != "weight"], bound)
+        preloaded = [n.outputs[0] for n in weight_nodes] + [v for v, _ in folded]
+        self._bound += [a for _, a in folded]
         self.fused = fusion.enabled(fuse)
         self.steps = fusion.plan(self._nodes, bound, self.fused)
-        self._run = _generate(graph, weight_nodes, self.steps, self._nodes)
+        self._run = _generate(graph, preloaded, self.steps, self._nodes)
         from .kernels import compiler_pages
         self._pages = compiler_pages
 
@@ -243,11 +246,30 @@ def _bind_weight(node, weights):
     return w
 
 
-def _generate(graph, weight_nodes, steps, nodes):
+def _fold_weight_casts(nodes, bound: dict) -> tuple[list, list]:
+    """``(nodes left, [(Value, array)])``: each ``cast`` of a bound float array (a
+    float16 weight, which the builder casts to float32) computed once here, by the op's
+    own runtime, instead of on every call; its output joins ``bound`` (``id(Value)`` ->
+    array) as a weight would. A float16 checkpoint then runs at float32 speed, holding
+    a float32 copy of each float16 weight."""
+    left, folded = [], []
+    for n in nodes:
+        w = bound.get(id(n.inputs[0])) if n.op == "cast" and len(n.inputs) == 1 else None
+        if isinstance(w, np.ndarray):
+            (out,) = _registry.get("cast").runner()([w], n.attrs)
+            bound[id(n.outputs[0])] = out
+            folded.append((n.outputs[0], out))
+        else:
+            left.append(n)
+    return left, folded
+
+
+def _generate(graph, preloaded, steps, nodes):
     """``run(env, rows)``: Python generated from the plan's ``steps`` (``maxdecl.fusion``),
-    one line each; ``env`` holds the inputs, then the bound weights, in the order of
-    ``graph.inputs`` and ``weight_nodes``. ``run.steps`` maps a line number to its step
-    index (for ``_failed_step``)."""
+    one line each; ``env`` holds the inputs, then the values known before any call (the
+    bound weights, the folded casts), in the order of ``graph.inputs`` and
+    ``preloaded``. ``run.steps`` maps a line number to its step index (for
+    ``_failed_step``)."""
     from . import kernels  # noqa: F401  (numba's NumPy support, loaded the fast way)
 
     slot: dict[int, int] = {}
@@ -255,7 +277,7 @@ def _generate(graph, weight_nodes, steps, nodes):
     def v(value) -> str:
         return f"v{slot.setdefault(id(value), len(slot))}"
 
-    loaded = [v(x) for x in graph.inputs] + [v(n.outputs[0]) for n in weight_nodes]
+    loaded = [v(x) for x in graph.inputs] + [v(x) for x in preloaded]
     last = {}
     for s, step in enumerate(steps):
         for x in step.inputs:

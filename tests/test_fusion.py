@@ -172,3 +172,24 @@ def test_inline_reshape_runs_and_errors_after_it_name_their_layer(monkeypatch):
     monkeypatch.delitem(_registry._RUNNERS, "neg")
     (a,) = md.compile(g, fuse=True)(np.arange(12, dtype=np.float32).reshape(3, 4))
     assert a.shape == (3, 2, 2) and a[2, 1, 1] == -11
+
+
+def test_float16_weights_are_cast_once_at_compile():
+    """A float16 weight's cast to float32 (the builder's) runs once in md.compile, not on
+    every call; the outputs are those of the same weights given as float32."""
+    rng = np.random.default_rng(0)
+    w16 = rng.standard_normal((6, 8)).astype(np.float16)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    outs = []
+    for w in (w16, w16.astype(np.float32)):
+        td = md.TensorDict({"w": w})
+        g = md.Graph("f16", [md.TensorType(F32, (3, 8))])
+        with g:
+            wv = g.weight("w", md.TensorType(md.DType.parse(w.dtype.name), (6, 8)))
+            if w.dtype == np.float16:
+                wv = md.ops.cast(wv, F32)
+            g.output(md.ops.linear(g.inputs[0], wv))
+        run = md.compile(g, td)
+        assert [run._nodes[s.nodes[0]].op for s in run.steps] == ["linear"]   # no cast a call
+        outs.append(run(x)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])

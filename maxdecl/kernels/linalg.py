@@ -74,7 +74,7 @@ def _linear(args, attrs):
     if isinstance(w, QuantizedTensor):
         y = qmatmul(x, w)
     else:
-        y = rows_matmul(x, np.ascontiguousarray(w.T))
+        y = rows_matmul(x, w.T)          # a view: BLAS reads w transposed, no copy a call
     if bias:
         y = y + bias[0]
     return [np.asarray(y)]
