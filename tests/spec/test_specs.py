@@ -190,3 +190,14 @@ def test_registered_encodings_are_known(tmp_path):
         assert md.validate_spec(path) == []
     finally:
         md.codecs.unregister("test_q16")
+
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_language_model_spec_generates_text_on_random_weights(path):
+    """What `maxdecl run SPEC` does without a weights file: the tiny (else default)
+    variant on seeded random weights, a text prompt as bytes (so its vocab holds 256)."""
+    model = md.load_model(path)
+    if model.session is None or "random weights" not in model.note:
+        pytest.skip("not a language model, or real weights were found")
+    assert len(model.generate("Hi!", max_new_tokens=2).ids) == 2
