@@ -37,6 +37,8 @@ Transforms, applied in declaration order (after stacking):
   ``query_key_value`` rows are ``[n_heads, 3, head_dim]``, llama.cpp's ``[3, n_heads,
   head_dim]``: ``{shape: [n_heads, 3, -1], order: [1, 0, 2]}``. ``permute_qk: n`` is
   ``{shape: [n, 2, -1], order: [0, 2, 1]}``. Whole rows move (QuantizedTensors too).
+- ``drop_rows: n`` -- the rows from n on: tables whose first rows no input reaches,
+  which llama.cpp's converter cuts off (RoBERTa's positions start at pad_token_id + 1).
 - ``regroup_rows: {groups: g, sizes: [a, b, ...]}`` -- the rows in ``g`` equal groups,
   each cut into sections of ``a``, ``b``, ... rows (one may be -1: the rest); the result
   is section 0 of every group, then section 1 of every group, ...: Falcon-40B's
@@ -62,8 +64,8 @@ import numpy as np
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor, TensorDict
 
-__all__ = ["remap", "permute_qk", "permute_rows", "regroup_rows", "compute_tensors",
-           "TRANSFORMS"]
+__all__ = ["remap", "permute_qk", "permute_rows", "regroup_rows", "drop_rows",
+           "compute_tensors", "TRANSFORMS"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -191,6 +193,17 @@ def permute_rows(w, shape, order):
     return np.ascontiguousarray(out).reshape(w.shape)
 
 
+def drop_rows(w, n):
+    """``w`` without its first ``n`` rows (packed rows too)."""
+    rows = int(w.shape[0]) if len(w.shape) else 0
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 0 <= n < rows:
+        raise WeightsError(f"drop_rows: {n!r} is not a row count below the {rows} rows")
+    n = int(n)
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(w.data[n:], (rows - n, *w.shape[1:]), w.encoding)
+    return np.ascontiguousarray(np.asarray(w)[n:])
+
+
 def regroup_rows(w, groups, sizes):
     """``w``'s rows in ``groups`` equal groups cut into sections of ``sizes`` rows (one
     may be -1), reassembled section by section across the groups (see the module doc)."""
@@ -243,6 +256,7 @@ TRANSFORMS = {
     "permute_qk": lambda w, n: permute_qk(w, int(n)),
     "permute_rows": lambda w, arg: permute_rows(w, *arg),
     "regroup_rows": lambda w, arg: regroup_rows(w, *arg),
+    "drop_rows": drop_rows,
     "add": _add,
     "transpose": _transpose,
     "exp": _exp,

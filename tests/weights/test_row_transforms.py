@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import maxdecl as md
 from maxdecl.errors import WeightsError
-from maxdecl.weights.mapping import TRANSFORMS, permute_qk, permute_rows, regroup_rows, remap
+from maxdecl.weights.mapping import (TRANSFORMS, drop_rows, permute_qk, permute_rows,
+                                     regroup_rows, remap)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -132,3 +133,18 @@ def test_schema_accepts_exactly_the_loaders_transforms():
     hf = schema["properties"]["formats"]["properties"]["hf"]["properties"]
     names = hf["transforms"]["additionalProperties"]["propertyNames"]["enum"]
     assert sorted(names) == sorted(TRANSFORMS)
+
+
+def test_drop_rows_keeps_the_rows_from_n_on():
+    w = np.arange(12, dtype=np.float32).reshape(6, 2)
+    out = remap(md.TensorDict({"p": w}), {"p": "p"}, {"p": {"drop_rows": "pad_rows"}},
+                {"pad_rows": 2})["p"]
+    np.testing.assert_array_equal(out, w[2:])
+    enc = md.codecs.get("q8_0")
+    data = np.arange(4 * enc.block_bytes, dtype=np.uint8).reshape(4, enc.block_bytes)
+    qt = drop_rows(md.QuantizedTensor(data, (4, 32), "q8_0"), 1)
+    assert qt.shape == (3, 32) and qt.encoding == "q8_0"
+    np.testing.assert_array_equal(qt.data, data[1:])
+    for bad in (6, -1, 2.5, True, "2"):
+        with pytest.raises(WeightsError, match="drop_rows"):
+            remap(md.TensorDict({"p": w}), {"p": "p"}, {"p": {"drop_rows": bad}}, {"2": 7})
