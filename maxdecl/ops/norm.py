@@ -79,5 +79,8 @@ def rms_norm():  # noqa: A001 - the signature comes from the definition
     """RMS norm over the last axis: ``y = x * rsqrt(mean(x**2) + epsilon) * weight``.
 
     Computed in float32 (as llama.cpp and HF Llama). Gemma GGUF weights already
-    hold ``1 + w``.
+    hold ``1 + w``. On ``[seq, heads, head_dim]`` with a ``[head_dim]`` weight it is a
+    per-head norm whose gain all heads share (Qwen3's and Gemma 3's q/k norms); gains
+    that differ per head (``[heads, head_dim]``) need the written-out form (see
+    ``layer_norm``).
     """
