@@ -146,3 +146,29 @@ def test_qwen2_gguf_matches_hf(qwen2, tmp_path):
     ours = md.load_model(spec_path("qwen2"), path, variant="tiny")
     pre, dec = compare(ours, ref, ids)
     assert pre <= TOL and dec <= TOL
+
+
+def test_qwen2_refuses_rope_scaling(qwen2, tmp_path):
+    """Qwen2.5's YaRN long-context scaling is not modelled: refused from config.json
+    (either layout) and from a GGUF's rope.scaling.type; llama.cpp's "none" loads."""
+    import json
+    import shutil
+
+    spec = md.load_spec(spec_path("qwen2"))
+    path = tmp_path / "yarn"
+    shutil.copytree(qwen2[1], path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["rope_parameters"] = {**cfg.get("rope_parameters", {}), "rope_type": "yarn",
+                              "factor": 4.0}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(md.WeightsError, match="RoPE scaling yarn is not modelled"):
+        tiny_model("qwen2", path)
+    old = {"maxdecl.format": "hf", "rope_scaling": {"type": "yarn", "factor": 4.0}}
+    with pytest.raises(md.WeightsError, match="yarn"):
+        params_from_metadata(spec, old)
+    gguf_meta = {"maxdecl.format": "gguf", "general.architecture": "qwen2",
+                 "qwen2.rope.scaling.type": "yarn"}
+    with pytest.raises(md.WeightsError, match="RoPE scaling yarn"):
+        params_from_metadata(spec, gguf_meta)
+    gguf_meta["qwen2.rope.scaling.type"] = "none"
+    assert params_from_metadata(spec, gguf_meta)["rope_scaling"] == "none"
