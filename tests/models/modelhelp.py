@@ -223,6 +223,33 @@ def with_hf_config(spec, **values):
     return dataclasses.replace(spec, formats=MappingProxyType(formats))
 
 
+def llama_cpp_logits(llama_cpp, path, ids) -> np.ndarray:
+    """llama.cpp's own logits (llama-cpp-python, ``llama_cpp`` the imported module) at
+    every position of ``ids`` for the GGUF at ``path``."""
+    llm = llama_cpp.Llama(model_path=str(path), n_threads=2, n_ctx=128, verbose=False,
+                          logits_all=True)
+    llm.eval(ids)
+    return np.asarray(llm.eval_logits)[-len(ids):]
+
+
+def q8_0_dequantized(model):
+    """A copy of the HF ``model`` whose matrices went through Q8_0 and back (the
+    reference for a Q8_0 GGUF of it)."""
+    import copy
+
+    import gguf
+    import torch
+
+    deq = copy.deepcopy(model)
+    qt = gguf.GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for _, p in deq.named_parameters():
+            if p.ndim == 2:
+                back = gguf.quants.dequantize(gguf.quants.quantize(p.numpy(), qt), qt)
+                p.copy_(torch.from_numpy(np.ascontiguousarray(back, np.float32)))
+    return deq
+
+
 # -- GGUF export, as llama.cpp's convert_hf_to_gguf.py does it --------------------------
 
 def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:

@@ -17,7 +17,6 @@ writes them: q, k, v rows one after the other ("jploski" layout), ln_attn as
 attn_norm_2, ln_mlp / input_layernorm as attn_norm, no output.weight when tied.
 """
 
-import copy
 import json
 import os
 import shutil
@@ -30,9 +29,9 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
-                       assert_logits_match, compare, hf_case, hf_logits, hf_params, hf_state,
-                       q8_0, randomize, spec_path, tiny_model, token_ids,
+from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
+                       compare, hf_case, hf_logits, hf_params, hf_state, llama_cpp_logits, q8_0,
+                       q8_0_dequantized, randomize, spec_path, tiny_model, token_ids,
                        without_hf_transforms)
 
 pytest.importorskip("torch")
@@ -323,10 +322,7 @@ def test_llama_cpp_runs_the_falcon_ggufs(f7, f40, ggufs):
         path = ggufs["40b" if model.config.new_decoder_architecture else "7b"]
         ids = token_ids(model.config.vocab_size)
         ref = hf_logits(model, ids)
-        llm = llama_cpp.Llama(model_path=path, n_threads=2, n_ctx=128, verbose=False,
-                              logits_all=True)
-        llm.eval(ids)
-        theirs = np.asarray(llm.eval_logits)[-len(ids):]
+        theirs = llama_cpp_logits(llama_cpp, path, ids)
         scale = float(np.abs(ref).max())
         err = np.abs(theirs - ref).max() / scale
         print(f"llama.cpp falcon {path}: {err:.2e} of max|ref|")
@@ -336,21 +332,11 @@ def test_llama_cpp_runs_the_falcon_ggufs(f7, f40, ggufs):
 def test_falcon_q8_0_gguf_matches_dequantized_hf(f40, tmp_path):
     """Q8_0 matrices (the fused qkv included) run the packed kernels and give the
     logits of the HF model holding the dequantized weights."""
-    import gguf
-    import torch
-
     model, _, ids, _ = f40
     path = falcon_to_gguf(model, tmp_path / "falcon40-q8_0.gguf", quantize=q8_0)
     ours = md.load_model(spec_path("falcon"), path, variant="tiny")
     assert ours.weights["blk.0.attn_qkv.weight"].encoding == "q8_0"
-    deq = copy.deepcopy(model)
-    qt = gguf.GGMLQuantizationType.Q8_0
-    with torch.no_grad():
-        for _, p in deq.named_parameters():
-            if p.ndim == 2:
-                back = gguf.quants.dequantize(gguf.quants.quantize(p.numpy(), qt), qt)
-                p.copy_(torch.from_numpy(np.ascontiguousarray(back, np.float32)))
-    pre, dec = compare(ours, hf_logits(deq, ids), ids)
+    pre, dec = compare(ours, hf_logits(q8_0_dequantized(model), ids), ids)
     assert pre <= TOL and dec <= TOL
 
 

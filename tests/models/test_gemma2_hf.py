@@ -20,8 +20,8 @@ from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (N_DECODE, N_PROMPT, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
                        assert_logits_match, compare, gguf_writer, hf_case, hf_logits, hf_params,
-                       hf_state, randomize, save_hf, spec_path, tiny_model, token_ids,
-                       without_hf_transforms)
+                       hf_state, llama_cpp_logits, randomize, save_hf, spec_path, tiny_model,
+                       token_ids, without_hf_transforms)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -272,9 +272,6 @@ def test_llama_cpp_runs_the_gemma2_gguf_with_the_reference_logits(gemma2, gemma2
     logits, so the layout above is llama.cpp's own; skipped without llama_cpp."""
     llama_cpp = pytest.importorskip("llama_cpp")
     model, _, ids, ref = gemma2
-    llm = llama_cpp.Llama(model_path=gemma2_gguf, n_threads=2, n_ctx=128, verbose=False,
-                          logits_all=True)
-    llm.eval(ids)
-    theirs = np.asarray(llm.eval_logits)[-len(ids):]
+    theirs = llama_cpp_logits(llama_cpp, gemma2_gguf, ids)
     scale = float(np.abs(ref).max())
     assert np.abs(theirs - ref).max() <= 5e-3 * scale     # llama.cpp's KV cache is f16

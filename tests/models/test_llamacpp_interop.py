@@ -18,7 +18,7 @@ import pytest
 
 import maxdecl as md
 
-from modelhelp import hf_logits, spec_path, token_ids
+from modelhelp import hf_logits, llama_cpp_logits, spec_path, token_ids
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -54,10 +54,7 @@ def test_llama_cpp_runs_the_gguf_with_the_reference_logits(arch, tmp_path):
     path = to_gguf(model, str(tmp_path / f"{arch}.gguf"))
     ids = token_ids(model.config.vocab_size)
     ref = hf_logits(model, ids)
-    llm = llama_cpp.Llama(model_path=path, n_threads=2, n_ctx=128, verbose=False,
-                          logits_all=True)
-    llm.eval(ids)
-    theirs = np.asarray(llm.eval_logits)[-len(ids):]
+    theirs = llama_cpp_logits(llama_cpp, path, ids)
     ours = np.asarray(md.load_model(spec_path(arch), path, variant="tiny").logits(ids))
     scale = float(np.abs(ref).max())
     assert np.abs(theirs - ref).max() <= TOL_LLAMA_CPP * scale

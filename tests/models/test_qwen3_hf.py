@@ -24,8 +24,9 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
-                       compare, gguf_writer, hf_case, hf_logits, hf_params, hf_state, q8_0,
-                       randomize, spec_path, tiny_model, token_ids, with_hf_config)
+                       compare, gguf_writer, hf_case, hf_logits, hf_params, hf_state,
+                       llama_cpp_logits, q8_0, q8_0_dequantized, randomize, spec_path, tiny_model,
+                       token_ids, with_hf_config)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -353,24 +354,12 @@ def test_qwen3_q8_0_gguf_matches_dequantized_hf(untied, tmp_path):
     """Every matrix as Q8_0 (norms, the q/k norms included, stay float32): the packed
     kernels, with a q_dim (384) that is not dim, give the logits of the HF model
     holding the dequantized weights."""
-    import copy
-
-    import gguf
-    import torch
-
     model, _, ids, _ = untied
     path = qwen3_to_gguf(model, tmp_path / "q8_0.gguf", quantize=q8_0)
     ours = md.load_model(spec_path("qwen3"), path, variant="tiny")
     assert ours.weights["blk.0.attn_output.weight"].encoding == "q8_0"
     assert ours.weights["blk.0.attn_q_norm.weight"].dtype == np.float32
-    deq = copy.deepcopy(model)
-    qt = gguf.GGMLQuantizationType.Q8_0
-    with torch.no_grad():
-        for _, p in deq.named_parameters():
-            if p.ndim == 2:
-                back = gguf.quants.dequantize(gguf.quants.quantize(p.numpy(), qt), qt)
-                p.copy_(torch.from_numpy(np.ascontiguousarray(back, np.float32)))
-    pre, dec = compare(ours, hf_logits(deq, ids), ids)
+    pre, dec = compare(ours, hf_logits(q8_0_dequantized(model), ids), ids)
     assert pre <= TOL and dec <= TOL
 
 
@@ -442,12 +431,9 @@ def test_llama_cpp_runs_the_qwen3_gguf_with_the_reference_logits(case, untied, t
     else:
         path = gguf_files[case]
     try:
-        llm = llama_cpp.Llama(model_path=path, n_threads=2, n_ctx=128, verbose=False,
-                              logits_all=True)
+        theirs = llama_cpp_logits(llama_cpp, path, ids)
     except ValueError as e:                   # a llama.cpp build without arch qwen3
         pytest.skip(f"this llama.cpp does not load qwen3: {e}")
-    llm.eval(ids)
-    theirs = np.asarray(llm.eval_logits)[-len(ids):]
     scale = float(np.abs(ref).max())
     assert np.abs(theirs - ref).max() <= TOL_LLAMA_CPP * scale
     ours = np.asarray(md.load_model(spec_path("qwen3"), path, variant="tiny").logits(ids))

@@ -26,8 +26,9 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
-                       compare, gguf_writer, hf_case, hf_logits, hf_params, hf_state, randomize,
-                       spec_path, tiny_model, token_ids, with_hf_config)
+                       compare, gguf_writer, hf_case, hf_logits, hf_params, hf_state,
+                       llama_cpp_logits, randomize, spec_path, tiny_model, token_ids,
+                       with_hf_config)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -293,10 +294,7 @@ def test_llama_cpp_runs_the_stablelm_gguf_with_the_reference_logits(name, seq, p
     transformers model's logits, and maxdecl reads the same file."""
     llama_cpp = pytest.importorskip("llama_cpp")
     model, _, ids, ref = {"seq": seq, "par": par}[name]
-    llm = llama_cpp.Llama(model_path=ggufs[name], n_threads=2, n_ctx=128, verbose=False,
-                          logits_all=True)
-    llm.eval(ids)
-    theirs = np.asarray(llm.eval_logits)[-len(ids):]
+    theirs = llama_cpp_logits(llama_cpp, ggufs[name], ids)
     ours = np.asarray(md.load_model(spec_path("stablelm"), ggufs[name], variant="tiny").logits(ids))
     scale = float(np.abs(ref).max())
     assert np.abs(theirs - ref).max() <= TOL_LLAMA_CPP * scale
