@@ -45,24 +45,29 @@ def test_bert_hidden_states_match_hf(tmp_path):
     assert rel_err(wrong, ref.last_hidden_state[0].numpy()) > 100 * TOL
 
 
-def bert_to_gguf(model, path) -> str:
-    """A BertModel as llama.cpp's converter writes it (arch bert; no pooler)."""
+def bert_to_gguf(model, path, position_offset: int = 0) -> str:
+    """A BertModel (or RobertaModel) as llama.cpp's converter writes it (arch bert; no
+    pooler): the first ``position_offset`` rows of the position table (RoBERTa's
+    pad_token_id + 1, which no position reads) cut off, context_length reduced by as
+    many."""
     import gguf
 
     from modelhelp import _add_tokenizer, _write, hf_state
 
     cfg, sd = model.config, hf_state(model)
     w = gguf.GGUFWriter(str(path), "bert")
-    w.add_context_length(cfg.max_position_embeddings)
+    w.add_context_length(cfg.max_position_embeddings - position_offset)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_layer_norm_eps(cfg.layer_norm_eps)
+    w.add_causal_attention(False)
     _add_tokenizer(w, cfg.vocab_size)
+    w.add_token_type_count(cfg.type_vocab_size)
     e = "embeddings."
     t = {"token_embd.weight": sd[e + "word_embeddings.weight"],
-         "position_embd.weight": sd[e + "position_embeddings.weight"],
+         "position_embd.weight": sd[e + "position_embeddings.weight"][position_offset:],
          "token_types.weight": sd[e + "token_type_embeddings.weight"],
          "token_embd_norm.weight": sd[e + "LayerNorm.weight"],
          "token_embd_norm.bias": sd[e + "LayerNorm.bias"]}

@@ -170,38 +170,9 @@ def roberta_to_gguf(model, path) -> str:
     """A RobertaModel as llama.cpp's converter writes it (arch bert): no ``roberta.``
     prefix, no pooler, the first pad_token_id + 1 rows of the position table cut off
     and context_length reduced by as many."""
-    import gguf
+    from test_encoders_hf import bert_to_gguf
 
-    from modelhelp import _add_tokenizer, _write, hf_state
-
-    cfg, sd = model.config, hf_state(model)
-    off = cfg.pad_token_id + 1
-    w = gguf.GGUFWriter(str(path), "bert")
-    w.add_context_length(cfg.max_position_embeddings - off)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_layer_norm_eps(cfg.layer_norm_eps)
-    w.add_causal_attention(False)
-    _add_tokenizer(w, cfg.vocab_size)
-    w.add_token_type_count(cfg.type_vocab_size)
-    e = "embeddings."
-    t = {"token_embd.weight": sd[e + "word_embeddings.weight"],
-         "position_embd.weight": sd[e + "position_embeddings.weight"][off:],
-         "token_types.weight": sd[e + "token_type_embeddings.weight"],
-         "token_embd_norm.weight": sd[e + "LayerNorm.weight"],
-         "token_embd_norm.bias": sd[e + "LayerNorm.bias"]}
-    names = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
-             "attention.self.value": "attn_v", "attention.output.dense": "attn_output",
-             "attention.output.LayerNorm": "attn_output_norm", "intermediate.dense": "ffn_up",
-             "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
-    for i in range(cfg.num_hidden_layers):
-        for src, dst in names.items():
-            for kind in ("weight", "bias"):
-                t[f"blk.{i}.{dst}.{kind}"] = sd[f"encoder.layer.{i}.{src}.{kind}"]
-    _write(w, t)
-    return str(path)
+    return bert_to_gguf(model, path, position_offset=model.config.pad_token_id + 1)
 
 
 def test_roberta_gguf_hidden_states_match_hf(roberta, tmp_path):
