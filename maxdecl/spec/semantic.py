@@ -216,11 +216,14 @@ class Expander:
             vid = self.lookup(name, ns, pos)
             if vid is not None:
                 self.add_output(name, vid, pos, self.root_outputs)
+        hints: dict = {}            # a repeat refers to one unknown name once a layer
         for name, pos in self.weight_refs:
             if name in self.weights:
                 self.used_weights.add(name)
             else:
-                self.problem(pos, f"unknown weight {name!r}" + _weight_hint(name, self.weights)
+                if name not in hints:
+                    hints[name] = _weight_hint(name, self.weights)
+                self.problem(pos, f"unknown weight {name!r}" + hints[name]
                              + " (weights are <layer path>.<name> from `weights:`)")
         self.check_computed()
         self.check_refuse()
