@@ -64,7 +64,9 @@ def layer_norm():  # noqa: A001 - the signature comes from the definition
 
     ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta`` (biased variance,
     float32 math), as ``torch.nn.functional.layer_norm(x, x.shape[-1:], ...)``.
-    ``gamma`` and ``beta`` are 1-D, the size of the last axis; a gain that also varies
+    ``gamma`` and ``beta`` are 1-D, the size of the last axis: on ``[seq, heads,
+    head_dim]`` it is a per-head LayerNorm whose gain and bias all heads share (Phi's
+    ``qk_layernorm``); a gain that also varies
     along another axis (StableLM's per-head q/k gains ``[heads, head_dim]``) is written
     out with ``mean``, ``sub``, ``mul``, ``add``, ``rsqrt`` and a broadcasting ``mul``.
 

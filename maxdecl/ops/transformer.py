@@ -102,11 +102,14 @@ def rope():  # noqa: A001 - the signature comes from the definition
     ``dim`` pass through unchanged. ``scale``: linear position scaling (positions are
     divided by it, HF's ``rope_scaling`` of type ``linear``).
 
-    Hugging Face checkpoints (Llama, Qwen2, Gemma, Phi-3, ...) rotate halves: run them
-    with ``style: neox``. llama.cpp's converter reorders Llama-family q/k rows so that
-    GGUF files rotate adjacent pairs (``normal``); a spec that reads both formats keeps
-    ``normal`` and gives the HF weights the ``permute_qk`` transform (spec.md, Foreign
-    formats), as ``specs/llama3.yaml`` does.
+    Most Hugging Face checkpoints (Llama, Qwen2, Gemma, Phi-3, ...) rotate halves: run
+    them with ``style: neox``. llama.cpp's converter reorders Llama-family q/k rows so
+    that GGUF files rotate adjacent pairs (``normal``); a spec that reads both formats
+    keeps ``normal`` and gives the HF weights the ``permute_qk`` transform (spec.md,
+    Foreign formats), as ``specs/llama3.yaml`` does. Some rotate adjacent pairs in HF
+    too (Cohere's ``repeat_interleave`` / ``x[..., ::2]``, GPT-J's
+    ``rotate_every_two``): ``normal``, no ``permute_qk``. ``dim`` must be even and in
+    2..head_dim.
 
     Example::
 

@@ -52,6 +52,11 @@ def _weight_hint(name: str, weights) -> str:
     write one from a block or repeat; else the closest name."""
     tails = sorted(w for w in weights if w.endswith("." + name))
     if not tails:
+        parts = name.split(".")        # the closest name among the longest shared prefix's
+        for k in range(len(parts) - 1, 0, -1):
+            near = [w for w in weights if w.startswith(".".join(parts[:k]) + ".")]
+            if near:
+                return _hint(name, near)
         return _hint(name, weights)
     shown = ", ".join(repr(w) for w in tails[:3]) + (", ..." if len(tails) > 3 else "")
     return (f"; declared as {shown}: write the full name, with the block's or repeat's "

@@ -27,6 +27,7 @@ class TypeEnv:
         self.declared = frozenset(declared_dims)
         self.values: dict[int, object] = {}
         self.weights: dict[str, object] = {}
+        self._memo: dict = {}          # (op, input types, attrs) -> (ok, outputs or reason)
 
     def input(self, vid: int, dtype: str, shape) -> None:
         try:
@@ -81,10 +82,19 @@ class TypeEnv:
         partner = next((t for t in types if t is not None), None)
         types = [t if t is not None else _scalar_type(r.target, partner)
                  for t, r in zip(types, refs)]
-        try:
-            _, outs = _registry.infer(_registry.get(op), types, attrs)
-        except (GraphError, ValueError, TypeError, ArithmeticError) as e:
-            return f"{layer or '<root>'}: {_registry.type_error(op, types, e)}"
+        # every layer of a repeat runs the same rule on the same types: run it once
+        key = (op, tuple(types), repr(sorted(attrs.items())))
+        done = self._memo.get(key)
+        if done is None:
+            try:
+                done = (True, _registry.infer(_registry.get(op), types, attrs)[1])
+            except (GraphError, ValueError, TypeError, ArithmeticError) as e:
+                done = (False, _registry.type_error(op, types, e))
+            if len(self._memo) < 65536:
+                self._memo[key] = done
+        ok, outs = done
+        if not ok:
+            return f"{layer or '<root>'}: {outs}"
         for vid, t in zip(out_vids, outs):
             self.values[vid] = t
         return None
