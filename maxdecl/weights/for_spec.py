@@ -131,6 +131,12 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
 
     Weights with an ``absent:`` stand-in may be missing (the builder fills them)."""
     fmt = weights.metadata.get("maxdecl.format") if hasattr(weights, "metadata") else None
+    if fmt == "safetensors" and isinstance(spec.formats.get("hf"), dict):
+        # a lone .safetensors file (a torch state_dict, an HF model.safetensors without
+        # its folder): formats.hf names its tensors, unless they are the spec's own
+        own = {w.name for w in spec.program(spec.variant, params, check_encodings=False).weights}
+        if not set(weights.keys()) <= own:
+            fmt = "hf"
     section = dict(spec.formats.get(fmt, {}) or {}) if fmt else {}
     mapped = isinstance(section.get("tensors"), dict) and section["tensors"]
     computed = section.get("computed") if isinstance(section.get("computed"), dict) else None

@@ -6,6 +6,7 @@ and loaded by maxdecl from the directory: hyperparameters from config.json, name
 and the q/k row permutation from the spec's ``formats.hf``.
 """
 
+import numpy as np
 import pytest
 
 import maxdecl as md
@@ -112,3 +113,24 @@ def test_llama3_refuses_rope_scaling_it_does_not_model(llama, scaling):
     kind = next(iter(scaling.values()))["rope_type"]
     with pytest.raises(md.WeightsError, match=f"RoPE scaling {kind} is not modelled"):
         params_from_metadata(spec, {**meta, **scaling})
+
+
+def test_llama3_lone_safetensors_file_reads_through_formats_hf(tmp_path):
+    """A lone .safetensors file of HF names (a state_dict, or model.safetensors without its
+    folder) is mapped by formats.hf; with no config.json the variant gives the sizes.
+    A file of the spec's own names loads as it is."""
+    import safetensors.torch
+
+    model = make_llama(seed=2, vocab_size=512)            # the tiny variant's sizes
+    path = tmp_path / "state_dict.safetensors"
+    safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                                str(path))
+    ours = md.load_model(spec_path("llama3"), path, variant="tiny")
+    ids = token_ids(512)
+    pre, dec = compare(ours, hf_logits(model, ids), ids)
+    assert pre <= TOL and dec <= TOL
+    own = tmp_path / "own_names.safetensors"
+    import safetensors.numpy
+    safetensors.numpy.save_file({k: np.asarray(v) for k, v in ours.weights.items()}, str(own))
+    again = md.load_model(spec_path("llama3"), own, variant="tiny")
+    np.testing.assert_array_equal(np.asarray(again.logits(ids)), np.asarray(ours.logits(ids)))
