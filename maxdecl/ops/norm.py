@@ -69,6 +69,9 @@ def layer_norm():  # noqa: A001 - the signature comes from the definition
     ``qk_layernorm``); a gain that also varies
     along another axis (StableLM's per-head q/k gains ``[heads, head_dim]``) is written
     out with ``mean``, ``sub``, ``mul``, ``add``, ``rsqrt`` and a broadcasting ``mul``.
+    Inference BatchNorm has no op of its own: on a channels-last value it is
+    ``(x - running_mean) * rsqrt(running_var + eps) * weight + bias``, each a
+    broadcasting elementwise op over ``[C]`` (specs/resnet.yaml).
 
     Example::
 

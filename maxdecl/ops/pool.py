@@ -108,7 +108,10 @@ def avg_pool():  # noqa: A001 - the signature comes from the definition
     """Average over ``kernel_size`` windows of NHWC (or NDHWC) ``x`` (see the module doc).
 
     ``out[n, oh, ow, c] = sum(window taps inside x) / count`` where count is the number
-    of taps inside the padded input (``count_boundary``) or inside ``x``.
+    of taps inside the padded input (``count_boundary``) or inside ``x``. There is no
+    NCHW form: transpose NCHW input once (``perm: [0, 2, 3, 1]``) and keep the network
+    channels-last (``conv2d`` with ``input_layout: NHWC``). ``kernel_size``, ``stride``,
+    ``dilation`` and ``padding`` take an int (every spatial dim) or one entry per dim.
 
     Example::
 
