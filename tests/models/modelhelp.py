@@ -223,6 +223,26 @@ def with_hf_config(spec, **values):
     return dataclasses.replace(spec, formats=MappingProxyType(formats))
 
 
+# HF Llama-style layer tensors -> llama.cpp's converter names (blk.N.<name>)
+LLAMA_LAYERS = MappingProxyType({
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down"})
+
+
+def layer_tensors(sd, n_layers: int, names=LLAMA_LAYERS, prefix="model.layers.") -> dict:
+    """``blk.{i}.{gguf name}.{weight|bias}`` for every ``{prefix}{i}.{hf name}.{weight|bias}``
+    that ``sd`` holds, ``names`` mapping HF names to llama.cpp's."""
+    t = {}
+    for i in range(n_layers):
+        for src, dst in names.items():
+            for kind in ("weight", "bias"):
+                if f"{prefix}{i}.{src}.{kind}" in sd:
+                    t[f"blk.{i}.{dst}.{kind}"] = sd[f"{prefix}{i}.{src}.{kind}"]
+    return t
+
+
 def llama_cpp_logits(llama_cpp, path, ids) -> np.ndarray:
     """llama.cpp's own logits (llama-cpp-python, ``llama_cpp`` the imported module) at
     every position of ``ids`` for the GGUF at ``path``."""

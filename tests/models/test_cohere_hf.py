@@ -7,7 +7,6 @@ output tied to the embedding, and logits times ``logit_scale`` (0.5 here, so it 
 A second model turns on the per-head q/k LayerNorm of Command-R+ (``use_qk_norm``).
 """
 
-import numpy as np
 import pytest
 
 import maxdecl as md

@@ -13,8 +13,9 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
-                       assert_tiny_decoder_params, compare, gguf_writer, hf_case, hf_params,
-                       hf_logits, hf_state, randomize, spec_path, tiny_model, token_ids)
+                       assert_tiny_decoder_params, compare, gguf_writer, hf_case, hf_logits,
+                       hf_params, hf_state, layer_tensors, randomize, spec_path, tiny_model,
+                       token_ids)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -87,8 +88,8 @@ def test_qwen2_bf16_checkpoint_loads(tmp_path):
     assert w["blk.0.attn_q.weight"].encoding == "bf16"
     assert w["blk.0.attn_norm.weight"].dtype == np.float32
     assert w["blk.0.attn_q.bias"].dtype == np.float32
-    np.testing.assert_array_equal(w["blk.0.attn_q.bias"],
-                                  model.model.layers[0].self_attn.q_proj.bias.detach().float().numpy())
+    q_bias = model.model.layers[0].self_attn.q_proj.bias
+    np.testing.assert_array_equal(w["blk.0.attn_q.bias"], q_bias.detach().float().numpy())
     ids = token_ids(model.config.vocab_size)
     model = model.float()
     model.model.rotary_emb = type(model.model.rotary_emb)(model.config)  # inv_freq in float32
@@ -120,16 +121,8 @@ def qwen2_to_gguf(model, path) -> str:
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(w, cfg.vocab_size)
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
-    for i in range(cfg.num_hidden_layers):
-        for src, dst in names.items():
-            for kind in ("weight", "bias"):
-                if f"model.layers.{i}.{src}.{kind}" in sd:
-                    t[f"blk.{i}.{dst}.{kind}"] = sd[f"model.layers.{i}.{src}.{kind}"]
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"],
+         **layer_tensors(sd, cfg.num_hidden_layers)}
     t["output_norm.weight"] = sd["model.norm.weight"]
     assert "lm_head.weight" not in sd or cfg.tie_word_embeddings
     _write(w, t)

@@ -23,10 +23,10 @@ import pytest
 import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
-from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
-                       compare, gguf_writer, hf_case, hf_logits, hf_params, hf_state,
-                       llama_cpp_logits, q8_0, q8_0_dequantized, randomize, spec_path, tiny_model,
-                       token_ids, with_hf_config)
+from modelhelp import (LLAMA_LAYERS, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
+                       assert_logits_match, compare, gguf_writer, hf_case, hf_logits, hf_params,
+                       hf_state, layer_tensors, llama_cpp_logits, q8_0, q8_0_dequantized,
+                       randomize, spec_path, tiny_model, token_ids, with_hf_config)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -305,15 +305,9 @@ def qwen3_to_gguf(model, path, quantize=None) -> str:
     w.add_value_length(cfg.head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(w, cfg.vocab_size)
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
-    for i in range(cfg.num_hidden_layers):
-        for src, dst in names.items():
-            t[f"blk.{i}.{dst}.weight"] = sd[f"model.layers.{i}.{src}.weight"]
+    names = {**LLAMA_LAYERS, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"],
+         **layer_tensors(sd, cfg.num_hidden_layers, names)}
     t["output_norm.weight"] = sd["model.norm.weight"]
     if not cfg.tie_word_embeddings:
         t["output.weight"] = sd["lm_head.weight"]

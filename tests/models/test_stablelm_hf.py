@@ -27,8 +27,8 @@ from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, assert_logits_match,
                        compare, gguf_writer, hf_case, hf_logits, hf_params, hf_state,
-                       llama_cpp_logits, randomize, spec_path, tiny_model, token_ids,
-                       with_hf_config)
+                       layer_tensors, llama_cpp_logits, randomize, spec_path, tiny_model,
+                       token_ids, with_hf_config)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -229,17 +229,10 @@ def stablelm_to_gguf(model, path, parallel_key=None) -> str:
     w.add_layer_norm_eps(cfg.layer_norm_eps)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(w, cfg.vocab_size)
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"],
+         **layer_tensors(sd, cfg.num_hidden_layers)}
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        for src, dst in names.items():
-            for kind in ("weight", "bias"):
-                if p + f"{src}.{kind}" in sd:
-                    t[f"blk.{i}.{dst}.{kind}"] = sd[p + f"{src}.{kind}"]
         for src, dst, n in (("q_layernorm", "attn_q_norm", cfg.num_attention_heads),
                             ("k_layernorm", "attn_k_norm", cfg.num_key_value_heads)):
             if p + f"self_attn.{src}.norms.0.weight" in sd:
