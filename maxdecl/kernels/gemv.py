@@ -21,8 +21,10 @@ computed by the same instructions whether it runs alone or with up to 7 others: 
 row's output is bit-identical for any number of rows (tested), which is what lets a
 sequence decoded in a batch get exactly its solo logits. Rows are taken 8, 4, 2 and
 1 at a time. L is 16 (zmm) where the CPU has AVX-512, else 8; both are tested. With
-16 lanes, q4_0 and q5_0 decode through per-block tables (``TABLE_LAYOUT``); x rows
-are read from 64-byte boundaries (``aligned_rows``).
+16 lanes, q4_0, q5_0 and q4_k decode through per-block tables (``TABLE_LAYOUT``); x
+rows are read from 64-byte boundaries (``aligned_rows``). A call can take several weight
+rows (``wrows``) that share each load of x; each output keeps its own accumulators and
+instructions, so the numbers do not change.
 Block layouts: ``block_rows.py``.
 """
 
@@ -195,6 +197,9 @@ class _Layout:
         self.units = max(1, values // UNIT)            # units per block
         self.per_step = max(1, UNIT // values)         # blocks per loop step
         self.prepare, self.unit, self.prefetch = prepare, unit, prefetch
+        # one prefetch per 64 bytes a loop step reads, rounded: a 210-byte q6_k block
+        # needs three, a 36-byte q4_0 step one
+        self.prefetch_lines = max(1, (nbytes * self.per_step + 32) // 64)
 
 
 def _d_at0(builder, bp, lanes):
@@ -306,7 +311,8 @@ def _q6_k_unit(builder, bp, dsc, u, lanes):
 # which replaces the per-vector mask, int->float convert and multiply. The table entries
 # are the same operations on the same numbers as above (``d * (i - 8)``, ``d * (i - 16)``),
 # so the decoded floats are bit-identical to the plain decoders' (tested). One thread,
-# M=1, W in cache: q4_0 1.13x, q5_0 1.10x; q4_k measured even, so it has none.
+# M=1, W in cache: q4_0 1.13x, q5_0 1.10x; q4_k even with one weight row a call, faster
+# with two (see WROWS_Q4_K).
 def _permvar(builder, table, idx):
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(table.type, [table.type, idx.type]),
@@ -352,21 +358,40 @@ def _q5_0_unit_t(builder, bp, tables, u, lanes):
     return out
 
 
+def _q4_k_unit_t(builder, bp, ctx, u, lanes):
+    # as _q4_k_unit: sub-block s's table holds fmuladd(i, d*sc_s, -dmin*m_s) for codes
+    # i = 0..15, the plain decoder's operation on the same numbers
+    dsc, ndm = ctx
+    fma = _intrinsic_fn(builder, "llvm.fmuladd", ir.VectorType(_IR_F32, 16), 3)
+    q = _bytes(builder, bp, 16 + 32 * u, 16), _bytes(builder, bp, 32 + 32 * u, 16)
+    out = []
+    for half in range(2):
+        s = 2 * u + half
+        table = builder.call(fma, [_ramp(0, 16), _ir_lane(builder, dsc, s, 16),
+                                   _ir_lane(builder, ndm, s, 16)])
+        for v in q:
+            out.append(_permvar(builder, table, builder.lshr(v, _vi(16, 4)) if half else v))
+    return out
+
+
 LAYOUT = {
     "q8_0": _Layout(32, 34, _d_at0, _q8_0_unit, prefetch=16384),
     "q4_0": _Layout(32, 18, _d_at0, _q4_0_unit, prefetch=4096),
     "q5_0": _Layout(32, 22, _d_at0, _q5_0_unit, prefetch=4096),
-    "q4_k": _Layout(256, 144, _q4_k_prepare, _q4_k_unit),
-    "q6_k": _Layout(256, 210, _q6_k_prepare, _q6_k_unit),
+    "q4_k": _Layout(256, 144, _q4_k_prepare, _q4_k_unit, prefetch=4096),
+    "q6_k": _Layout(256, 210, _q6_k_prepare, _q6_k_unit, prefetch=4096),
 }
 TABLE_LAYOUT = {     # the 16-lane decoders where a table lookup does the work
     "q4_0": _Layout(32, 18, _q4_0_table, _q4_0_unit_t, prefetch=4096),
     "q5_0": _Layout(32, 22, _q5_0_table, _q5_0_unit_t, prefetch=4096),
+    "q4_k": _Layout(256, 144, _q4_k_prepare, _q4_k_unit_t, prefetch=4096),
 }
 # Software prefetch ahead of the row being read, for weights streamed from DRAM: q8_0 16 KiB
 # (Gemma's tied output head: +15-20%, measured on the earlier 8-lane kernel); q4_0 and
 # q5_0 4 KiB (one thread, 4096 x 14336, M=1: q4_0 4.4 -> 2.1 ms, q8_0 6.8 -> 3.0 ms; no
-# change where W sits in cache). The K-quants measured no gain, so they have none.
+# change where W sits in cache); the K-quants 4 KiB, one prefetch per 64 bytes of a block
+# (one per block left most lines to the hardware and measured no gain; 2 threads,
+# 4096 x 14336: q6_k 9.4 -> 16.8 GB/s, q4_k 12.1 -> 21.8; 262144 x 768 even).
 # The prefetch is non-temporal (locality 0): a weight is read once a step, and keeping
 # it out of the outer caches keeps the interpreter's and the activations' lines there.
 # Measured in Gemma 3 270M, 4 alternating runs each: solo decode step 12.3 -> 10.4 ms,
@@ -379,12 +404,14 @@ def _matrix(a, dtype) -> bool:
     return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dtype
 
 
-def row_intrinsic(enc: str, lanes: int | None = None, table: bool = True):
-    """An intrinsic ``(w, r, x, out, col) -> None``: ``out[m, col] = W[r] . x[m]`` for every
-    row m of x, with W the packed ``enc`` blocks ``w`` (2-D uint8, C order), x (M, K)
-    float32 C order and out (M, *) float32. ``lanes``: 16 or 8 (default: the CPU's);
-    ``table``: with 16 lanes, the table decoders where an encoding has one (the same
-    numbers as the plain decoders, fewer instructions)."""
+def row_intrinsic(enc: str, lanes: int | None = None, table: bool = True, wrows: int = 1):
+    """An intrinsic ``(w, r, x, out, col) -> None``: ``out[m, col + i] = W[r + i] . x[m]``
+    for every row m of x and i < ``wrows``, with W the packed ``enc`` blocks ``w`` (2-D
+    uint8, C order), x (M, K) float32 C order and out (M, *) float32. ``lanes``: 16 or 8
+    (default: the CPU's); ``table``: with 16 lanes, the table decoders where an encoding
+    has one (the same numbers as the plain decoders, fewer instructions). ``wrows`` weight
+    rows share each load of x; every output is computed by the same instructions as with
+    ``wrows=1``, so the numbers are the same."""
     lanes = lanes or host_lanes()
     lay = TABLE_LAYOUT.get(enc, LAYOUT[enc]) if lanes == 16 and table else LAYOUT[enc]
 
@@ -396,7 +423,7 @@ def row_intrinsic(enc: str, lanes: int | None = None, table: bool = True):
             return None
 
         def codegen(context, builder, sig, args):
-            _emit_rows(context, builder, sig, args, lay, lanes)
+            _emit_rows(context, builder, sig, args, lay, lanes, wrows)
             return context.get_dummy_value()
 
         return types.void(w, r, x, out, col), codegen
@@ -404,7 +431,7 @@ def row_intrinsic(enc: str, lanes: int | None = None, table: bool = True):
     return intrinsic(typer)
 
 
-def _emit_rows(context, builder, sig, args, lay, lanes):
+def _emit_rows(context, builder, sig, args, lay, lanes, wrows):
     wt, _, xt, ot, _ = sig.args
     wa = context.make_array(wt)(context, builder, args[0])
     xa = context.make_array(xt)(context, builder, args[2])
@@ -416,7 +443,9 @@ def _emit_rows(context, builder, sig, args, lay, lanes):
     o_strides = cgutils.unpack_tuple(builder, oa.strides)
     w_stride = cgutils.unpack_tuple(builder, wa.strides)[0]
     i64 = lambda v: _ir_const(_IR_I64, v)  # noqa: E731
-    row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()), [builder.mul(r, w_stride)])
+    w8 = builder.bitcast(wa.data, _IR_I8.as_pointer())
+    rows_w = [builder.gep(w8, [builder.mul(builder.add(r, i64(i)), w_stride)])
+              for i in range(wrows)]
     x8 = builder.bitcast(xa.data, _IR_I8.as_pointer())
     o8 = builder.bitcast(oa.data, _IR_I8.as_pointer())
     o_col = builder.gep(o8, [builder.mul(col, o_strides[1])])
@@ -431,17 +460,19 @@ def _emit_rows(context, builder, sig, args, lay, lanes):
     builder.cbranch(builder.icmp_signed("<", m, n_rows), body, done)
     builder.position_at_end(body)
     left = builder.sub(n_rows, m)
-    for rows in ROW_CHUNKS:
+    for rows in (c for c in ROW_CHUNKS if c * wrows <= ROW_CHUNKS[0]):
         take = builder.append_basic_block(f"rows.{rows}")
         skip = builder.append_basic_block(f"rows.not{rows}")
         builder.cbranch(builder.icmp_signed(">=", left, i64(rows)), take, skip)
         builder.position_at_end(take)
         xs = [builder.bitcast(builder.gep(x8, [builder.mul(builder.add(m, i64(j)), x_stride)]),
                               _IR_F32.as_pointer()) for j in range(rows)]
-        dots = _emit_dots(builder, row, xs, nb, lay, lanes)
-        for j, v in enumerate(dots):
+        dots = _emit_dots(builder, rows_w, xs, nb, lay, lanes)
+        for j in range(rows):
             p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
-            builder.store(v, builder.bitcast(p, _IR_F32.as_pointer()))
+            for i in range(wrows):
+                q = builder.gep(p, [builder.mul(i64(i), o_strides[1])])
+                builder.store(dots[j * wrows + i], builder.bitcast(q, _IR_F32.as_pointer()))
         builder.store(builder.add(m, i64(rows)), m_ptr)
         builder.branch(cond)
         builder.position_at_end(skip)
@@ -449,13 +480,14 @@ def _emit_rows(context, builder, sig, args, lay, lanes):
     builder.position_at_end(done)
 
 
-def _emit_dots(builder, row, xs, nb, lay, lanes):
-    """The dots of one weight row with each x row pointer in ``xs`` (see module doc)."""
+def _emit_dots(builder, rows_w, xs, nb, lay, lanes):
+    """The dots of each weight row pointer in ``rows_w`` with each x row pointer in ``xs``
+    (see module doc), x row major: ``[x0.w0, x0.w1, ..., x1.w0, ...]``."""
     i64 = lambda v: _ir_const(_IR_I64, v)  # noqa: E731
     vf = ir.VectorType(_IR_F32, lanes)
     fma = _intrinsic_fn(builder, "llvm.fmuladd", vf, 3)
-    accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2)]
-            for _ in xs]
+    accs = [[[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2)]
+             for _ in rows_w] for _ in xs]
     per_unit = UNIT // lanes
     if lay.prefetch:
         pf = cgutils.get_or_insert_function(
@@ -464,32 +496,40 @@ def _emit_dots(builder, row, xs, nb, lay, lanes):
 
     def step(b0, nblocks):
         """Blocks b0 .. b0+nblocks-1: decode, then every row's unit sums."""
-        vecs = []
-        for p in range(nblocks):
-            b = builder.add(b0, i64(p))
-            bp = builder.gep(row, [builder.mul(b, i64(lay.nbytes))])
-            if lay.prefetch and p == 0:   # read, non-temporal, data; never faults
-                builder.call(pf, [builder.gep(bp, [i64(lay.prefetch)]), _ir_const(_IR_I32, 0),
-                                  _ir_const(_IR_I32, PREFETCH_LOCALITY), _ir_const(_IR_I32, 1)])
-            ctx = lay.prepare(builder, bp, lanes)
-            for u in range(lay.units):
-                vecs += lay.unit(builder, bp, ctx, u, lanes)
+        per_row = []
+        for row in rows_w:
+            vecs = []
+            for p in range(nblocks):
+                b = builder.add(b0, i64(p))
+                bp = builder.gep(row, [builder.mul(b, i64(lay.nbytes))])
+                if lay.prefetch and p == 0:   # read, non-temporal, data; never faults
+                    for line in range(lay.prefetch_lines):
+                        builder.call(pf, [builder.gep(bp, [i64(lay.prefetch + 64 * line)]),
+                                          _ir_const(_IR_I32, 0),
+                                          _ir_const(_IR_I32, PREFETCH_LOCALITY),
+                                          _ir_const(_IR_I32, 1)])
+                ctx = lay.prepare(builder, bp, lanes)
+                for u in range(lay.units):
+                    vecs += lay.unit(builder, bp, ctx, u, lanes)
+            per_row.append(vecs)
         base = builder.mul(b0, i64(lay.values))
-        for u0 in range(0, len(vecs), per_unit):
-            unit = vecs[u0:u0 + per_unit]
-            for xp, acc in zip(xs, accs):
+        for u0 in range(0, len(per_row[0]), per_unit):
+            n_vec = len(per_row[0][u0:u0 + per_unit])
+            half = (n_vec + 1) // 2                 # first half into acc[0], rest into acc[1]
+            for xp, acc_x in zip(xs, accs):
                 xb = builder.gep(xp, [builder.add(base, i64(u0 * lanes))])
                 xv = [builder.load(builder.bitcast(builder.gep(xb, [i64(lanes * i)]),
                                                    vf.as_pointer()), align=4)
-                      for i in range(len(unit))]
-                half = (len(unit) + 1) // 2         # first half into acc[0], rest into acc[1]
-                for part, lo, hi in ((acc[0], 0, half), (acc[1], half, len(unit))):
-                    if lo == hi:
-                        continue
-                    a = builder.load(part)
-                    for wv, xi in zip(unit[lo:hi], xv[lo:hi]):
-                        a = builder.call(fma, [wv, xi, a])
-                    builder.store(a, part)
+                      for i in range(n_vec)]
+                for vecs, acc in zip(per_row, acc_x):
+                    unit = vecs[u0:u0 + per_unit]
+                    for part, lo, hi in ((acc[0], 0, half), (acc[1], half, n_vec)):
+                        if lo == hi:
+                            continue
+                        a = builder.load(part)
+                        for wv, xi in zip(unit[lo:hi], xv[lo:hi]):
+                            a = builder.call(fma, [wv, xi, a])
+                        builder.store(a, part)
 
     n_steps = builder.sdiv(nb, i64(lay.per_step))
     with cgutils.for_range(builder, n_steps) as loop:
@@ -497,7 +537,8 @@ def _emit_dots(builder, row, xs, nb, lay, lanes):
     if lay.per_step > 1:           # an odd block count: the last block on its own
         with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, i64(2)), i64(0))):
             step(builder.sub(nb, i64(1)), 1)
-    return _hsums(builder, [builder.fadd(builder.load(a), builder.load(b)) for a, b in accs])
+    return _hsums(builder, [builder.fadd(builder.load(a), builder.load(b))
+                            for acc_x in accs for a, b in acc_x])
 
 
 # -- kernels: x (M, K) f32 C order, w (N, K // be * bb) u8 -> out (M, N) f32 -------------
@@ -506,6 +547,13 @@ _row_q5_0 = row_intrinsic("q5_0")
 _row_q8_0 = row_intrinsic("q8_0")
 _row_q4_k = row_intrinsic("q4_k")
 _row_q6_k = row_intrinsic("q6_k")
+# q4_k with one row of x takes two weight rows per call: four accumulator chains, one
+# load of x for both. Measured, 2 threads, variants interleaved in one process (GB/s of
+# W): 4096 x 14336 22.6 -> 27.8, 262144 x 768 19.9 -> 23.9. The other encodings measured
+# even or slower with W streamed from DRAM (q8_0 at 4096 x 14336: 43.3 -> 36.9), so they
+# take one.
+WROWS_Q4_K = 2
+_rows_q4_k = row_intrinsic("q4_k", wrows=WROWS_Q4_K)
 
 
 @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
@@ -521,9 +569,10 @@ def _gemv_bf16(x, w, out):
 
 
 # -- kernels: one or several weights of one encoding that read the same x (q/k/v,
-# gate/up) in one call; ws: a tuple of packed matrices with the same bytes per row; columns offs[i]:offs[i+1]
-# of out are W_i . x. Each output column comes from the same row intrinsic as in the
-# single-weight kernels, so it is bit-identical to running each weight on its own.
+# gate/up) in one call; ws: a tuple of packed matrices with the same bytes per row;
+# columns offs[i]:offs[i+1] of out are W_i . x. One row of x (decode) takes WROWS weight
+# rows per intrinsic call, more rows of x one. Each output column comes from the same
+# instructions either way, so it is bit-identical to running each weight on its own.
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q4_0(x, ws, offs, out):
     for c in numba.prange(offs[-1]):
@@ -547,9 +596,19 @@ def _group_q8_0(x, ws, offs, out):
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q4_k(x, ws, offs, out):
-    for c in numba.prange(offs[-1]):
-        g = _segment(offs, c)
-        _row_q4_k(ws[g], c - offs[g], x, out, c)
+    if x.shape[0] == 1:
+        for b in numba.prange(_blocks(offs, WROWS_Q4_K)):
+            c, g = _block_start(offs, b, WROWS_Q4_K)
+            if c + WROWS_Q4_K <= offs[g + 1]:
+                _rows_q4_k(ws[g], c - offs[g], x, out, c)
+            else:
+                for c in range(c, min(c + WROWS_Q4_K, offs[-1])):
+                    g = _segment(offs, c)
+                    _row_q4_k(ws[g], c - offs[g], x, out, c)
+    else:
+        for c in numba.prange(offs[-1]):
+            g = _segment(offs, c)
+            _row_q4_k(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
@@ -557,6 +616,18 @@ def _group_q6_k(x, ws, offs, out):
     for c in numba.prange(offs[-1]):
         g = _segment(offs, c)
         _row_q6_k(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(inline="always")
+def _blocks(offs, rows):
+    return (offs[-1] + rows - 1) // rows
+
+
+@numba.njit(inline="always")
+def _block_start(offs, b, rows):
+    """First output column of block b and the weight it falls in."""
+    c = b * rows
+    return c, _segment(offs, c)
 
 
 @numba.njit(inline="always")

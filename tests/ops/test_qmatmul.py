@@ -333,9 +333,10 @@ def test_a_few_rows_equal_one_row_at_a_time_bit_for_bit(enc):
             assert together.tobytes() == alone.tobytes(), (enc, n, k, m)
 
 
-def _lanes_kernel(enc, lanes, table=None):
-    """A one-off (uncached) GEMV kernel over ``gemv.row_intrinsic(enc, lanes, table)``;
-    the table decoders (AVX-512 permutes) by default where the CPU runs them."""
+def _lanes_kernel(enc, lanes, table=None, wrows=1):
+    """A one-off (uncached) GEMV kernel over ``gemv.row_intrinsic(enc, lanes, table,
+    wrows)``; the table decoders (AVX-512 permutes) by default where the CPU runs them.
+    With ``wrows`` > 1 the rows left over after whole groups run one at a time."""
     import numba
 
     from maxdecl.kernels import gemv
@@ -343,12 +344,36 @@ def _lanes_kernel(enc, lanes, table=None):
     if table is None:
         table = gemv.host_lanes() == 16
     row = gemv.row_intrinsic(enc, lanes, table)
+    rows = gemv.row_intrinsic(enc, lanes, table, wrows)
 
     @numba.njit
     def run(x, w, out):
-        for r in range(w.shape[0]):
+        whole = w.shape[0] - w.shape[0] % wrows
+        for r in range(0, whole, wrows):
+            rows(w, r, x, out, r)
+        for r in range(whole, w.shape[0]):
             row(w, r, x, out, r)
     return run
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
+def test_gemv_weight_rows_per_call_do_not_change_bits(enc, lanes):
+    """An intrinsic call over 2 or 4 weight rows (sharing each load of x) gives every
+    output bit for bit what a call per weight row gives, for 1 to 5 rows of x."""
+    rng = np.random.default_rng(zlib.crc32(f"wrows/{enc}/{lanes}".encode()))
+    be = BLOCK[enc][0]
+    k = be * (5 if be == 32 else 3)
+    data = _raw_blocks(enc, 23, k, rng)
+    one = _lanes_kernel(enc, lanes)
+    for wrows in (2, 4):
+        several = _lanes_kernel(enc, lanes, wrows=wrows)
+        for m in (1, 2, 5):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            a, b = np.empty((m, 23), np.float32), np.empty((m, 23), np.float32)
+            one(x, data, a)
+            several(x, data, b)
+            assert a.tobytes() == b.tobytes(), (enc, lanes, wrows, m)
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
@@ -374,7 +399,7 @@ def test_gemv_lane_widths_match_reference_and_rows(enc, lanes):
         assert one.tobytes() == out[i:i + 1].tobytes(), (enc, lanes, i)
 
 
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0"])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k"])
 def test_gemv_table_decoders_equal_plain_decoders(enc):
     """The 16-lane table decoders (a code indexes a per-block table of dequantized values)
     give bit for bit the plain decoders' outputs, on raw blocks with every code and
@@ -404,7 +429,7 @@ def test_gemv_group_equals_each_weight_alone(enc):
 
     rng = np.random.default_rng(zlib.crc32(f"group/{enc}".encode()))
     k = 512
-    ws = [_raw_blocks(enc, n, k, rng) for n in (40, 8, 8)]
+    ws = [_raw_blocks(enc, n, k, rng) for n in (41, 7, 8)]     # odd: pairs across weights
     for m in (1, 3, 16):
         x = rng.standard_normal((m, k)).astype(np.float32)
         got = gemv.gemv_group(x, ws, enc)
