@@ -94,7 +94,7 @@ def linear_group(args, attrs):
         if prepared is not None and x.shape[1] == w0.shape[1]:
             packed, offs, cols, enc = prepared
             out = np.empty((x.shape[0], int(offs[-1])), np.float32)
-            gemv.GEMV_GROUP[enc](gemv.aligned_rows(x), packed, offs, out)
+            gemv.run_group(enc, x, packed, offs, out)
             ys = [out[:, a:b] for a, b in cols]
             for y, b in zip(ys, bs):
                 np.add(y, b, out=y)

@@ -435,3 +435,39 @@ def test_gemv_group_equals_each_weight_alone(enc):
         got = gemv.gemv_group(x, ws, enc)
         want = np.concatenate([kq.qmatmul_blocks(x, w, enc) for w in ws], axis=1)
         assert got.tobytes() == want.tobytes(), (enc, m)
+
+
+@pytest.mark.parametrize("enc", ["q5_0", "q8_0", "q4_k"])
+def test_gemv_tiled_equals_whole_rows_bit_for_bit(enc):
+    """The tiled GEMV (pieces of K at a time over tiles of weight rows, for x rows too long
+    for L1) gives bit for bit the whole-row kernel's outputs: pieces of one step and of
+    several, an odd block count (its last block alone in the last piece), 1 to 16 rows
+    of x, a group whose weights end inside a tile; and ``run_group`` picks it for long x."""
+    from maxdecl.kernels import gemv
+
+    rng = np.random.default_rng(zlib.crc32(f"tiled/{enc}".encode()))
+    be = BLOCK[enc][0]
+    k = be * (13 if be == 32 else 5)
+    ws = tuple(_raw_blocks(enc, n, k, rng) for n in (21, 3, 17))
+    offs = gemv.offsets(tuple(w.shape[0] for w in ws))
+    for m in (1, 2, 5, 8, 16):
+        x = gemv.aligned_rows(rng.standard_normal((m, k)).astype(np.float32))
+        whole = np.empty((m, int(offs[-1])), np.float32)
+        gemv.GEMV_GROUP[enc](x, ws, offs, whole)
+        for chunk in ((2, 4, 6) if be == 32 else (1, 2, 5)):
+            tiled = np.full_like(whole, np.nan)
+            gemv.GEMV_TILED[enc](x, ws, offs, tiled, chunk)
+            assert tiled.tobytes() == whole.tobytes(), (enc, m, chunk)
+    long_k = be * 256                               # 8 rows of x: 256 KiB
+    w = _raw_blocks(enc, 9, long_k, rng)
+    x = rng.standard_normal((8, long_k)).astype(np.float32)
+    calls = []
+    real = gemv.GEMV_TILED[enc]
+    try:
+        gemv.GEMV_TILED[enc] = lambda *a: calls.append(a) or real(*a)
+        got = gemv.gemv_group(x, [w], enc)
+    finally:
+        gemv.GEMV_TILED[enc] = real
+    want = np.empty_like(got)
+    gemv.GEMV_GROUP[enc](gemv.aligned_rows(x), (w,), gemv.offsets((9,)), want)
+    assert calls and got.tobytes() == want.tobytes()
