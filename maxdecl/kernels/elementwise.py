@@ -25,6 +25,32 @@ def _activation(name):
     return lambda args, attrs: [kernel(args[0])]
 
 
+def _relu(x):
+    return np.maximum(x, x.dtype.type(0))
+
+
+def _sigmoid(x):
+    return (1 / (1 + np.exp(-x))).astype(x.dtype, copy=False)
+
+
+# ``activation``'s kinds (``maxdecl.ops.elementwise.ACTIVATIONS``): float arrays in and out
+ACTIVATION = {
+    "gelu": activations.gelu, "gelu_python": activations.gelu,
+    "gelu_new": activations.gelu_tanh, "gelu_fast": activations.gelu_tanh,
+    "gelu_pytorch_tanh": activations.gelu_tanh, "gelu_accurate": activations.gelu_tanh,
+    "gelu_tanh": activations.gelu_tanh,
+    "quick_gelu": lambda x: (x * _sigmoid(x * x.dtype.type(1.702))).astype(x.dtype, copy=False),
+    "relu": _relu, "relu2": lambda x: np.square(_relu(x)),
+    "relu6": lambda x: np.clip(x, x.dtype.type(0), x.dtype.type(6)),
+    "leaky_relu": lambda x: np.where(x >= 0, x, x * x.dtype.type(0.01)),
+    "silu": activations.silu, "swish": activations.silu,
+    "sigmoid": _sigmoid, "tanh": np.tanh,
+    "mish": lambda x: (x * np.tanh(np.logaddexp(x.dtype.type(0), x))).astype(x.dtype,
+                                                                              copy=False),
+    "linear": np.array, "identity": np.array,
+}
+
+
 RUN = {
     "add": _binary(np.add), "sub": _binary(np.subtract), "mul": _binary(np.multiply),
     "div": _binary(np.divide), "pow": _binary(np.power), "maximum": _binary(np.maximum),
@@ -32,9 +58,10 @@ RUN = {
     "neg": _unary(np.negative), "abs": _unary(np.abs), "exp": _unary(np.exp),
     "log": _unary(np.log), "sqrt": _unary(np.sqrt), "rsqrt": _unary(_rsqrt),
     "tanh": _unary(np.tanh),
-    "relu": _unary(lambda x: np.maximum(x, x.dtype.type(0))),
-    "sigmoid": _unary(lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype, copy=False)),
+    "relu": _unary(_relu),
+    "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),
     "gelu_tanh": _activation("gelu_tanh"),
+    "activation": lambda args, attrs: [np.asarray(ACTIVATION[attrs["kind"]](args[0]))],
     "cast": lambda args, attrs: [args[0].astype(attrs["dtype"].numpy)],
 }

@@ -178,6 +178,10 @@ def conv2d():  # noqa: A001 - the signature comes from the definition
     is ``input_layout="NHWC", filter_layout="FCRS"``. H and W may be symbolic dims; a
     window that does not fit is then reported when the graph runs.
 
+    ``groups``: C and F both divide by it, and the filter's channel dim is C/groups; a
+    depthwise conv is ``groups == C``: 7x7 over 96 channels is ``[7, 7, 1, 96]`` in RSCF
+    and ``[96, 1, 7, 7]`` in FCRS (torch's ``Conv2d(96, 96, 7, groups=96).weight``).
+
     Example::
 
         y = md.ops.conv2d(x, w, stride=2, padding=1)           # NHWC / RSCF

@@ -68,6 +68,36 @@ for _name in FLOAT_UNARY:
     define(_name, rule=_float_unary_rule, run="elementwise", kind="elementwise",
            doc=_FLOAT_UNARY_DOC.get(_name, f"elementwise {_name}"),
            rule_doc="x: float; out: the type of x")
+# HF's ``hidden_act`` names (transformers' ACT2FN) and the function each one is
+ACTIVATIONS = {
+    "gelu": "exact GELU (erf)", "gelu_python": "exact GELU (erf)",
+    "gelu_new": "GELU, tanh form", "gelu_fast": "GELU, tanh form",
+    "gelu_pytorch_tanh": "GELU, tanh form", "gelu_accurate": "GELU, tanh form",
+    "gelu_tanh": "GELU, tanh form",
+    "quick_gelu": "x * sigmoid(1.702 x)",
+    "relu": "max(x, 0)", "relu2": "max(x, 0)^2", "relu6": "min(max(x, 0), 6)",
+    "leaky_relu": "x if x >= 0 else 0.01 x",
+    "silu": "x * sigmoid(x)", "swish": "x * sigmoid(x)",
+    "sigmoid": "1 / (1 + exp(-x))", "tanh": "tanh(x)",
+    "mish": "x * tanh(log(1 + exp(x)))",
+    "linear": "x", "identity": "x",
+}
+
+
+def _normalize_activation(attrs):
+    kind = attrs["kind"]
+    if kind not in ACTIVATIONS:
+        from ._registry import hint
+        raise ValueError(f"unknown activation kind {kind!r}{hint(kind, ACTIVATIONS)} "
+                         f"(one of: {', '.join(ACTIVATIONS)})")
+    return attrs
+
+
+define("activation", rule=_float_unary_rule, run="elementwise", attrs={"kind": REQUIRED},
+       normalize=_normalize_activation, kind="elementwise",
+       doc="the activation named by ``kind``, a Hugging Face ``hidden_act`` name, so a "
+           "spec can take it from config.json (``kind: \"{hidden_act}\"``)",
+       rule_doc="x: float; out: the type of x")
 define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
        normalize=_normalize_cast, kind="elementwise", doc="convert element type",
        rule_doc="x: not quantized; out: dtype, the shape of x")
@@ -77,6 +107,15 @@ add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # no
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh = (
     public_op(n) for n in FLOAT_UNARY)
+activation = public_op(
+    "activation",
+    "The activation named by ``kind``, a Hugging Face ``hidden_act`` name.\n\n"
+    + "``kind``: " + "; ".join(
+        f"{', '.join(k for k in ACTIVATIONS if ACTIVATIONS[k] == f)}: {f}"
+        for f in dict.fromkeys(ACTIVATIONS.values()))
+    + ". The GELU forms compute exactly what ``gelu`` and ``gelu_tanh`` do; a spec "
+      "reads the name from config.json (``attrs: {kind: \"{hidden_act}\"}``) instead of "
+      "computing each candidate and picking one with ``select``.")
 cast = public_op("cast", "Convert ``x`` to ``dtype`` (a md.DType or its name).\n\n"
                  "``dtype``: float32, float16, bfloat16, int8, uint8, int32, int64 or bool, "
                  "as NumPy's ``astype``: to bool, nonzero is True; float to int truncates.")

@@ -39,3 +39,24 @@ def test_binary_shape_mismatch_is_graph_error():
     g = md.Graph("t", [md.TensorType("float32", (2, 3)), md.TensorType("float32", (4,))])
     with pytest.raises(md.GraphError, match=r"add.*\[2, 3\].*\[4\]"):
         md.ops.add(*g.inputs)
+
+
+def test_activation_kinds_match_transformers_act2fn(rng):
+    """``activation(kind=...)`` for every kind equals transformers' ACT2FN[kind] (the
+    functions config.json's ``hidden_act`` names; ``gelu_tanh`` and ``identity``, not HF
+    names, against torch); an unknown kind is a clear error."""
+    act2fn = pytest.importorskip("transformers.activations").ACT2FN
+    from maxdecl.ops.elementwise import ACTIVATIONS
+
+    x = (rng.standard_normal((4, 33)) * 4).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, 6.5]
+    for kind in ACTIVATIONS:
+        t = torch.from_numpy(x)
+        fn = {"identity": lambda v: v, "gelu_tanh": UNARY["gelu_tanh"]}.get(kind)
+        ref = (fn or act2fn[kind])(t).numpy()
+        out = run_op(lambda v, k=kind: md.ops.activation(v, kind=k), x)
+        close(out, ref, atol=3e-6, rtol=3e-6, label=kind)
+        assert out.dtype == np.float32
+    g = md.Graph("t", [md.TensorType("float32", (2, 3))])
+    with pytest.raises(md.GraphError, match="unknown activation kind 'gelu_neww'.*gelu_new"):
+        md.ops.activation(g.inputs[0], kind="gelu_neww")
