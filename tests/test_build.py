@@ -215,3 +215,22 @@ def test_describe_tree_prints_as_a_table():
     assert lines[0].split() == ["layer", "params", "bytes", "ops"]
     assert lines[1].startswith("<model>") and "q8_0" in lines[1]
     assert any(line.startswith("    blk.5.attn_q_norm") for line in lines)
+
+
+def test_a_repeat_of_zero_runs_its_layer_no_times(tmp_path):
+    """``repeat: 0`` (an empty ``nn.ModuleList``): the layer adds no nodes and no weights,
+    and values flow past it unchanged; a value bound only inside it is unknown after."""
+    text = (SPECS.parent / "tests/spec/cases/invalid/negative_repeat_expr.yaml").read_text()
+    text = text.replace("repeat: n_layers - 3", "repeat: n_layers - first_dense")
+    text = text.replace("n_layers: 2}", "n_layers: 2, first_dense: 2}")
+    text = text.replace("outputs: [x]", "  - {op: mul, in: [x, x], out: y}\noutputs: [y]")
+    path = tmp_path / "zero.yaml"
+    path.write_text(text)
+    assert md.validate_spec(path) == []
+    g = md.build(path, weights=md.TensorDict({}))
+    x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    assert g.execute(x)[0].tobytes() == (x * x).tobytes()
+    assert not g.weights and len(g.nodes) == 1
+    path.write_text(text.replace("in: [x, x], out: y", "in: [h, x], out: y"))
+    with pytest.raises(md.SpecError, match=r"zero.yaml:32:\d+: undefined value 'h'"):
+        md.build(path)

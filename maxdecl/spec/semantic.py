@@ -335,15 +335,15 @@ class Expander:
         n = self.render(raw, env, rpos, "repeat")
         if n is None:
             return
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             name = raw.strip("{} ") if isinstance(raw, str) else None
             if name in self.spec.variants.get(self.variant, {}):
                 # the bad value is the variant's hyperparameter: point at it
                 ptr = f"/variants/{pointer_escape(self.variant)}/{pointer_escape(name)}"
                 self.problem(self.at(ptr), f"{name} is a repeat count (line {rpos.line}): "
-                                           f"expected a positive integer, got {n!r}")
+                                           f"expected an integer >= 0, got {n!r}")
             else:
-                self.problem(rpos, f"repeat must be a positive integer, got {n!r}")
+                self.problem(rpos, f"repeat must be an integer >= 0, got {n!r}")
             return
         if budgets.check_repeat(n):
             self.problem(rpos, budgets.check_repeat(n))

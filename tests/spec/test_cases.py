@@ -47,5 +47,5 @@ def test_invalid_cases_cover_the_required_kinds():
     names = {p.stem for p in _cases("invalid")}
     required = {"wrong_type", "unknown_op", "misspelled_attribute", "duplicate_key",
                 "undefined_name", "bad_indentation", "unknown_encoding", "python_tag",
-                "nonpositive_repeat", "bad_expression", "block_size", "duplicate_layer_name"}
+                "negative_repeat", "bad_expression", "block_size", "duplicate_layer_name"}
     assert required <= names, f"missing cases: {sorted(required - names)}"
