@@ -65,8 +65,8 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td, file_type=None) -> 
     for name, key in dict(section.get("metadata", {}) or {}).items():
         key = (key[0] if isinstance(key, list) else key)
         key = str(key).replace("{arch}", arch)
-        value = params.get(name)
-        if value is None or key in written or isinstance(value, (list, dict)):
+        value = _metadata_param(params.get(name))
+        if value is None or key in written:
             continue                  # the first param mapped to a key wins
         out[key] = value
         written.add(key)
@@ -74,6 +74,23 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td, file_type=None) -> 
     if k_len in out and v_len not in out:
         out[v_len] = out[k_len]
     return _recomputed(out, arch, td, source_meta, file_type)
+
+
+def _metadata_param(value):
+    """A param value as GGUF can store it: a scalar as it is, a non-empty list of numbers,
+    bools or strings as an array (ints and floats mixed: floats); None (not written) for
+    null, an empty or mixed list, or a mapping."""
+    if not isinstance(value, (list, tuple)):
+        return None if isinstance(value, dict) else value
+    if not value:
+        return None
+    for kinds in ((bool,), (str,)):
+        if all(isinstance(v, kinds) for v in value):
+            return list(value)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return list(value) if all(isinstance(v, int) for v in value) else \
+            [float(v) for v in value]
+    return None
 
 
 def source_gguf_metadata(source_meta: dict, td, file_type=None) -> dict:

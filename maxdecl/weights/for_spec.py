@@ -28,7 +28,8 @@ def params_from_metadata(spec, meta: dict) -> dict:
     """Hyperparameters the weights' metadata states, by the spec's ``formats`` mapping.
 
     A mapped key may be a list of alternatives (the first present wins); an array
-    value (such as ``tokenizer.ggml.tokens``) gives its length.
+    gives a list for a param whose variant value is a list (llama.cpp's per-layer
+    values), else its length (``tokenizer.ggml.tokens`` for a vocab size).
     """
     fmt = meta.get("maxdecl.format")
     if fmt == "maxdecl" and "params" not in meta and meta.get("maxdecl.source_format"):
@@ -48,9 +49,8 @@ def params_from_metadata(spec, meta: dict) -> dict:
             for k in key if isinstance(key, list) else [key]:
                 k = str(k).replace("{arch}", str(arch))
                 if k in meta:
-                    v = meta[k]
-                    out[name] = len(v) if isinstance(v, (list, tuple, np.ndarray, StringArray)) \
-                        else v
+                    out[name] = _metadata_value(meta[k], isinstance(spec.params.get(name),
+                                                                    (list, tuple)))
                     break
         if "vocab" in spec.params and "vocab" not in out and "tokenizer.ggml.tokens" in meta:
             out["vocab"] = len(meta["tokenizer.ggml.tokens"])
@@ -73,6 +73,20 @@ def params_from_metadata(spec, meta: dict) -> dict:
     out = {k: v for k, v in out.items() if k in spec.params}
     refuse_unsupported(spec, fmt, section, out)
     return out
+
+
+def _metadata_value(v, as_list: bool):
+    """A GGUF metadata value as a param: a scalar as it is; an array as a list of Python
+    scalars (``as_list``) or as its length."""
+    if not isinstance(v, (list, tuple, np.ndarray, StringArray)):
+        return v
+    if not as_list:
+        return len(v)
+    if isinstance(v, StringArray):
+        return [v[i] for i in range(len(v))]
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return [x.item() if isinstance(x, np.generic) else x for x in v]
 
 
 def refuse_unsupported(spec, fmt, section: dict, params: dict) -> None:

@@ -251,3 +251,62 @@ def test_vectors_are_widened_to_f32_as_llama_cpp_converts_them():
     np.testing.assert_array_equal(out["n.weight"], td["n.weight"].dequantize())
     np.testing.assert_array_equal(out["b.bias"], td["b.bias"].astype(np.float32))
     assert out["m.weight"] is td["m.weight"]
+
+
+PER_LAYER_SPEC = """\
+maxdecl: 1
+name: perlayer
+default_variant: tiny
+variants:
+  tiny: {dim: 32, n_layers: 2, hidden: [64, 96], scales: [0.5, 2], kinds: [relu, silu]}
+  other: {dim: 32, n_layers: 2, hidden: [48, 80], scales: [1.5, 0.25], kinds: [gelu, relu2]}
+dims: {batch: rows}
+encodings: {default: f32}
+inputs: {x: {dtype: float32, shape: [batch, dim]}}
+layers:
+  - name: "blk.{i}"
+    repeat: n_layers
+    layers:
+      - name: ffn_up
+        weights: {weight: ["{hidden[i]}", dim]}
+        op: linear
+        in: [x, .weight]
+        out: h
+      - {op: activation, in: h, attrs: {kind: "{kinds[i]}"}, out: h}
+      - name: ffn_down
+        weights: {weight: [dim, "{hidden[i]}"]}
+        op: linear
+        in: [h, .weight]
+        out: h
+      - {op: mul, in: [h, "{scales[i]}"], out: h}
+      - {op: add, in: [x, h], out: x}
+outputs: [x]
+formats:
+  gguf:
+    arch: perlayer
+    metadata: {hidden: "{arch}.feed_forward_length", n_layers: "{arch}.block_count",
+               dim: "{arch}.embedding_length", scales: "{arch}.scales", kinds: "{arch}.kinds"}
+"""
+
+
+def test_list_params_export_as_gguf_arrays_and_load_back(tmp_path):
+    """A param holding a list (llama.cpp's per-layer values) is written as a GGUF array
+    (ints, floats, strings) and read back as that list, so a file of the ``other``
+    variant runs as ``other`` through the default variant's spec."""
+    spec = tmp_path / "perlayer.yaml"
+    spec.write_text(PER_LAYER_SPEC)
+    td = md.random_weights(str(spec), "other", seed=3)
+    src, out = tmp_path / "other.safetensors", tmp_path / "other.gguf"
+    md.checkpoint.save(td, str(src))
+    assert main(["export", str(src), "--spec", str(spec), "--variant", "other",
+                 "-o", str(out)]) == 0
+    fields = {f.name: f for f in GGUFReader(str(out)).fields.values()}
+    assert fields["perlayer.feed_forward_length"].contents() == [48, 80]
+    assert fields["perlayer.feed_forward_length"].types == [V.ARRAY, V.UINT32]
+    assert fields["perlayer.scales"].contents() == [1.5, 0.25]
+    assert fields["perlayer.kinds"].contents() == ["gelu", "relu2"]
+    model = md.load_model(str(spec), str(out))
+    assert model.params["hidden"] == [48, 80] and model.params["kinds"] == ["gelu", "relu2"]
+    want = md.load_model(str(spec), str(src), variant="other")
+    x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    assert model(x)[0].tobytes() == want(x)[0].tobytes()
