@@ -57,7 +57,7 @@ RUN = {
     "minimum": _binary(np.minimum),
     "neg": _unary(np.negative), "abs": _unary(np.abs), "exp": _unary(np.exp),
     "log": _unary(np.log), "sqrt": _unary(np.sqrt), "rsqrt": _unary(_rsqrt),
-    "tanh": _unary(np.tanh),
+    "tanh": _unary(np.tanh), "sin": _unary(np.sin), "cos": _unary(np.cos),
     "relu": _unary(_relu),
     "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),

@@ -23,7 +23,7 @@ from . import leaves  # noqa: F401  (constant, weight, quantize)
 from ._registry import REGISTRY, define, get
 from .elementwise import (abs, activation, add, cast, div, exp, gelu, gelu_tanh, log,  # noqa: A004
                           maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt,
-                          sub, tanh)
+                          sub, tanh, sin, cos)
 from .linalg import linear, matmul, qmatmul
 from .reduction import *  # noqa: F403
 from .shape import *  # noqa: F403

@@ -45,7 +45,8 @@ def _normalize_cast(attrs):
 
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 UNARY = ("neg", "abs", "relu")
-FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh")
+FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
+               "sin", "cos")
 
 for _name in BINARY:
     define(_name, rule=_binary_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
@@ -55,6 +56,9 @@ for _name in UNARY:
     define(_name, rule=_unary_rule, run="elementwise", kind="elementwise",
            doc=f"elementwise {_name}", rule_doc="x: not quantized; out: the type of x")
 _FLOAT_UNARY_DOC = {
+    "sin": "elementwise sine (radians; sinusoidal position tables: positions times "
+           "frequencies, then sin and cos)",
+    "cos": "elementwise cosine (radians)",
     "rsqrt": "elementwise 1 / sqrt(x)",
     "sigmoid": "elementwise 1 / (1 + exp(-x))",
     "silu": "elementwise x * sigmoid(x) (swish; HF hidden_act silu)",
@@ -105,7 +109,7 @@ define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
 
 add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # noqa: A001
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
-exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh = (
+exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos = (
     public_op(n) for n in FLOAT_UNARY)
 activation = public_op(
     "activation",
