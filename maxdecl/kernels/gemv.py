@@ -346,14 +346,16 @@ def _q5_0_table(builder, bp, lanes):
 
 
 def _q5_0_unit_t(builder, bp, tables, u, lanes):
-    # index bits 0-3: the nibble; bit 4: bit j of qh, rotated there (bits 5+ are ignored)
-    qh = _ir_splat(builder, _ir_load(builder, bp, 2, _IR_I32), 16)
-    rot = _intrinsic_fn(builder, "llvm.fshr", qh.type, 3)
+    # index bits 0-3: the nibble; bit 4: bit j of qh, set under a 16-lane mask made of
+    # qh's 16 bits (a k-register on AVX-512; bits 5+ of the index are ignored)
+    qh = _ir_load(builder, bp, 2, _IR_I32)
     q = _bytes(builder, bp, 6, 16)
+    zero, sixteen = _vi(16, 0), _vi(16, 16)
     out = []
-    for k, nib in enumerate((q, builder.lshr(q, _vi(16, 4)))):
-        hb = builder.call(rot, [qh, qh, _vi(16, [(16 * k + i - 4) % 32 for i in range(16)])])
-        idx = builder.or_(builder.and_(nib, _vi(16, 15)), builder.and_(hb, _vi(16, 16)))
+    for k, nib in enumerate((builder.and_(q, _vi(16, 15)), builder.lshr(q, _vi(16, 4)))):
+        half = builder.trunc(builder.lshr(qh, _ir_const(_IR_I32, 16 * k)), ir.IntType(16))
+        bits = builder.bitcast(half, ir.VectorType(ir.IntType(1), 16))
+        idx = builder.or_(nib, builder.select(bits, sixteen, zero))
         out.append(_permvar2(builder, tables[0], idx, tables[1]))
     return out
 
