@@ -58,6 +58,8 @@ RUN = {
     "split": _split_run,
     "slice": _slice_run,
     "gather": _gather_run,
+    "expand_as": lambda args, attrs: [np.ascontiguousarray(np.broadcast_to(args[0],
+                                                                           args[1].shape))],
     "tile": lambda args, attrs: [np.tile(args[0], attrs["repeats"])],
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
 }

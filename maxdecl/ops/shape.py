@@ -14,7 +14,8 @@ from ..dtypes import DType, TensorType, format_shape
 from . import _checks
 from ._registry import REQUIRED, define, public
 
-__all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select"]
+__all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
+           "expand_as"]
 
 
 def _reshape_rule(types, attrs):
@@ -202,6 +203,26 @@ def _tile_rule(inputs, attrs):
     return [TensorType(x.dtype, tuple(out))]
 
 
+def _tile_repeats(attrs):
+    reps = attrs["repeats"]
+    if not isinstance(reps, (list, tuple)) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in reps):
+        raise ValueError(f"tile repeats must be non-negative ints, got {reps!r} (a symbolic "
+                         "dim is not a repeat count: expand_as(x, like) broadcasts x to the "
+                         "shape of a value)")
+    return {**attrs, "repeats": tuple(reps)}
+
+
+def _expand_as_rule(inputs, attrs):
+    x, like = inputs
+    _checks.not_quantized(x)
+    if x.rank > like.rank or any(
+            d != 1 and dims.differ(d, e) for d, e in zip(x.shape[::-1], like.shape[::-1])):
+        raise ValueError(f"x{format_shape(x.shape)} does not broadcast to "
+                         f"{format_shape(like.shape)}: each dim of x must be 1 or the same")
+    return [TensorType(x.dtype, tuple(like.shape))]
+
+
 def _select_rule(inputs, attrs):
     cond, x, y = inputs
     _checks.not_quantized(cond, x, y)
@@ -215,8 +236,12 @@ define("gather", rule=_gather_rule, run="shape", inputs=("x", "indices"), attrs=
        kind="shape", doc="np.take(x, indices, axis)",
        rule_doc="indices integer; out x.shape[:axis] + indices.shape + x.shape[axis+1:]")
 define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="shape",
-       normalize=lambda a: {**a, "repeats": tuple(int(r) for r in a["repeats"])},
+       normalize=_tile_repeats,
        doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
+define("expand_as", rule=_expand_as_rule, run="shape", inputs=("x", "like"), kind="shape",
+       doc="x broadcast to the shape of like (torch's x.expand_as(like))",
+       rule_doc="each dim of x 1 or equal to like's (trailing dims aligned); out: x's dtype, "
+                "like's shape; like's values are not read")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -233,6 +258,17 @@ def gather():  # noqa: A001 - the signature comes from the definition
 @public
 def tile():  # noqa: A001 - the signature comes from the definition
     """``np.tile(x, repeats)`` (shorter ``repeats`` apply to the trailing axes)."""
+
+
+@public
+def expand_as():  # noqa: A001 - the signature comes from the definition
+    """``x`` broadcast to the shape of ``like`` (torch's ``x.expand_as(like)``).
+
+    The shape comes from a value, so it may hold symbolic dims: a learned [CLS] embedding
+    ``[1, 1, dim]`` becomes ``[n, 1, dim]`` for a batch of ``n`` images by
+    ``expand_as(cls, like)`` with ``like`` any ``[n, 1, dim]`` value (a ``slice`` of the
+    patch embeddings), before a ``concat``. Only the shape of ``like`` is used.
+    """
 
 
 @public

@@ -64,3 +64,28 @@ def test_select_needs_bool_cond():
     g = md.Graph("t", [md.TensorType("float32", (2,))] * 3)
     with pytest.raises(md.GraphError, match="cond must be bool"):
         md.ops.select(*g.inputs)
+
+
+def test_expand_as_matches_torch_and_takes_symbolic_dims():
+    """``expand_as(x, like)`` is torch's ``x.expand_as(like)``; the shape may be symbolic
+    (a [CLS] row broadcast over a batch of n images); a dim that is neither 1 nor like's
+    is refused when the node is made, and a float repeat count for ``tile`` is too."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 3, 1)).astype(np.float32)
+    like = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    g = md.Graph("t", [md.TensorType("float32", (1, 3, 1)),
+                       md.TensorType("float32", ("n", "s", 3, 5))])
+    y = md.ops.expand_as(*g.inputs)
+    assert y.type.shape == ("n", "s", 3, 5)
+    g.output(y)
+    (out,) = g.execute(x, like)
+    want = torch.from_numpy(x).expand_as(torch.from_numpy(like)).numpy()
+    assert out.tobytes() == np.ascontiguousarray(want).tobytes()
+    u = md.Graph("u", [md.TensorType("float32", (2, 3, 1)),
+                       md.TensorType("float32", ("n", 4, 5))])
+    with pytest.raises(md.GraphError, match=r"x\[2, 3, 1\] does not broadcast to"):
+        md.ops.expand_as(*u.inputs)
+    with pytest.raises(md.GraphError, match="tile repeats must be non-negative ints"):
+        md.ops.tile(g.inputs[0], repeats=[2.5, 1, 1])
