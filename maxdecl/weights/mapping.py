@@ -6,6 +6,7 @@ A spec declares, per foreign format, a name mapping and transforms::
       "model.embed_tokens.weight": "token_embd.weight"
       "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight"
       "model.rotary_emb.inv_freq": null          # null: drop this source tensor
+      "text_model.*": null                       # *: any text (null targets only)
     transforms:                                  # glob on the *target* name -> transforms
       "blk.*.attn_q.weight": {permute_qk: n_heads}
       "blk.*.attn_k.weight": {permute_qk: n_kv_heads}
@@ -73,10 +74,25 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MAX_PLACEHOLDERS = 8   # {i}-style parts in one source pattern
 
 
+_MAX_STARS = 2          # ``*`` wildcards in one (null-target) source pattern
+
+
+def _is_pattern(source: str) -> bool:
+    return bool(_PLACEHOLDER.search(source)) or "*" in source
+
+
+def _literal(text: str) -> str:
+    """``text`` as a regex, each ``*`` matching any run of characters."""
+    return ".*".join(re.escape(part) for part in text.split("*"))
+
+
 def _compile(source: str) -> re.Pattern:
     """The regex of a mapping source such as ``model.layers.{i}.mlp.weight``. Two
     placeholders must be separated by text that is not all digits (``{a}{b}`` or
-    ``{a}1{b}`` could split a number many ways: matching would backtrack without bound)."""
+    ``{a}1{b}`` could split a number many ways: matching would backtrack without bound);
+    a ``*`` (null targets only, at most _MAX_STARS) matches any run of characters."""
+    if source.count("*") > _MAX_STARS:
+        raise WeightsError(f"mapping {source[:80]!r}: more than {_MAX_STARS} '*'")
     parts, last, seen = [], 0, set()
     found = list(_PLACEHOLDER.finditer(source))
     if len(found) > _MAX_PLACEHOLDERS:
@@ -87,13 +103,13 @@ def _compile(source: str) -> re.Pattern:
         if last and (not between or between.isdigit()):
             raise WeightsError(f"mapping {source[:80]!r}: placeholders must be separated by "
                                "text with a non-digit, e.g. '{i}.{j}'")
-        parts.append(re.escape(between))
+        parts.append(_literal(between))
         name = m.group(1)
         parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>0|[1-9][0-9]*)")
         seen.add(name)
         last = m.end()
-    parts.append(re.escape(source[last:]))
-    return re.compile("".join(parts))
+    parts.append(_literal(source[last:]))
+    return re.compile("".join(parts), re.DOTALL)
 
 
 def permute_qk(w, n_heads: int):
@@ -309,7 +325,8 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
 
     Args:
         td: source TensorDict (e.g. Hugging Face names).
-        tensors: ``{source pattern: target pattern or None}``; ``{i}`` matches an integer.
+        tensors: ``{source pattern: target pattern or None}``; ``{i}`` matches an integer,
+            ``*`` (in a source whose target is None) any text.
         transforms: ``{glob on target name: {transform: value, ...}}``.
         params: values for transform parameters given by name (``n_heads``).
         expected: optional target names that must all be produced.
@@ -331,11 +348,14 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
     """
     transforms = transforms or {}
     params = params or {}
-    exact = {s: t for s, t in tensors.items() if not _PLACEHOLDER.search(s)}
-    patterns = [(_compile(s), s, t) for s, t in tensors.items() if _PLACEHOLDER.search(s)]
+    exact = {s: t for s, t in tensors.items() if not _is_pattern(s)}
+    patterns = [(_compile(s), s, t) for s, t in tensors.items() if _is_pattern(s)]
     for s, t in tensors.items():
         if t is None:
             continue
+        if "*" in s:
+            raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' pattern only drops tensors "
+                               "(its target must be null)")
         if not isinstance(t, str):
             raise WeightsError(f"mapping {s!r}: target must be a string or null, got {t!r}")
         extra = set(_PLACEHOLDER.findall(t)) - set(_PLACEHOLDER.findall(s))

@@ -148,3 +148,25 @@ def test_drop_rows_keeps_the_rows_from_n_on():
     for bad in (6, -1, 2.5, True, "2"):
         with pytest.raises(WeightsError, match="drop_rows"):
             remap(md.TensorDict({"p": w}), {"p": "p"}, {"p": {"drop_rows": bad}}, {"2": 7})
+
+
+def test_star_patterns_drop_whole_subtrees_and_only_drop():
+    """``"text_model.*": null`` drops every tensor under a prefix (a CLIP checkpoint's
+    text tower for a vision spec); ``*`` matches dots too; a ``*`` with a target is an
+    error, as is a pattern with too many stars."""
+    from maxdecl.weights.mapping import remap
+
+    td = md.TensorDict({"text_model.encoder.layers.0.w": np.ones(2, np.float32),
+                        "text_model.final.w": np.ones(2, np.float32),
+                        "logit_scale": np.ones(1, np.float32),
+                        "vision_model.pre.w": np.zeros(2, np.float32)})
+    out = remap(td, {"text_model.*": None, "*scale": None, "vision_model.pre.w": "pre.w"},
+                expected=["pre.w"])
+    assert list(out.keys()) == ["pre.w"]
+    with pytest.raises(md.WeightsError, match="unexpected.*text_model"):
+        remap(td, {"text_model.encoder.*": None, "*scale": None,
+                   "vision_model.pre.w": "pre.w"}, expected=["pre.w"])
+    with pytest.raises(md.WeightsError, match="only drops tensors"):
+        remap(td, {"text_model.*": "x"})
+    with pytest.raises(md.WeightsError, match="more than 2"):
+        remap(td, {"a*b*c*": None})
