@@ -36,6 +36,8 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
+            if p.ndim == 0:                 # a scalar (CLIP's logit_scale): as initialised
+                continue
             if p.ndim == 1 and name.endswith(".bias"):
                 p.copy_(bias_spread * torch.randn(p.shape, generator=gen))
             elif p.ndim == 1:
