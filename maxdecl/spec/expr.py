@@ -102,7 +102,18 @@ def _int(x, *base):
     return int(x, *base)
 
 
+def _range(*args):
+    """``list(range(...))`` (integers; at most MAX_VALUE_SIZE of them)."""
+    if not 1 <= len(args) <= 3 or not all(isinstance(a, int) and not isinstance(a, bool)
+                                          for a in args):
+        raise ExprError(f"range takes 1 to 3 integers, got {list(args)!r}")
+    r = range(*args)
+    budgets.check_count("range: length", len(r))
+    return list(r)
+
+
 FUNCTIONS = {
+    "range": _range, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor,

@@ -29,6 +29,9 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("3 in sizes", True),
     ("None", None),
     ("True and 'x'", "x"),
+    ("range(3)", [0, 1, 2]),
+    ("range(n_heads // 8, 10, 3)", [4, 7]),
+    ("round(sin(0.5) ** 2 + cos(0.5) ** 2, 9)", 1.0),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
@@ -49,6 +52,8 @@ def test_evaluates(text, want):
     ("1 / 0", "division by zero"),
     ("{1: 2}", "Dict is not allowed"),
     ("f'{dim}'", "JoinedStr is not allowed"),
+    ("range(10 ** 9)", "MAX_VALUE_SIZE"),
+    ("range(1.5)", "range takes 1 to 3 integers"),
 ])
 def test_refuses(text, fragment):
     with pytest.raises(ExprError) as e:
