@@ -28,8 +28,8 @@ def params_from_metadata(spec, meta: dict) -> dict:
     """Hyperparameters the weights' metadata states, by the spec's ``formats`` mapping.
 
     A mapped key may be a list of alternatives (the first present wins); an array
-    gives a list for a param whose variant value is a list (llama.cpp's per-layer
-    values), else its length (``tokenizer.ggml.tokens`` for a vocab size).
+    gives its length for a param whose variant value is an int (a count: the vocab from
+    ``tokenizer.ggml.tokens``), else a list (llama.cpp's per-layer values).
     """
     fmt = meta.get("maxdecl.format")
     if fmt == "maxdecl" and "params" not in meta and meta.get("maxdecl.source_format"):
@@ -49,8 +49,9 @@ def params_from_metadata(spec, meta: dict) -> dict:
             for k in key if isinstance(key, list) else [key]:
                 k = str(k).replace("{arch}", str(arch))
                 if k in meta:
-                    out[name] = _metadata_value(meta[k], isinstance(spec.params.get(name),
-                                                                    (list, tuple)))
+                    count = spec.params.get(name)
+                    out[name] = _metadata_value(meta[k], not isinstance(count, int)
+                                                or isinstance(count, bool))
                     break
         if "vocab" in spec.params and "vocab" not in out and "tokenizer.ggml.tokens" in meta:
             out["vocab"] = len(meta["tokenizer.ggml.tokens"])
