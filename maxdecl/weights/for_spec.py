@@ -14,7 +14,7 @@ import copy
 import numpy as np
 
 from ..errors import WeightsError
-from ..spec import Spec, load_spec
+from ..spec import Spec, budgets, load_spec
 from ..spec.decls import POp
 from ..spec.expr import ExprError, evaluate, is_template, render, split_template
 from ..spec.semantic import variant_env
@@ -50,7 +50,7 @@ def params_from_metadata(spec, meta: dict) -> dict:
                 k = str(k).replace("{arch}", str(arch))
                 if k in meta:
                     count = spec.params.get(name)
-                    out[name] = _metadata_value(meta[k], not isinstance(count, int)
+                    out[name] = _metadata_value(k, meta[k], not isinstance(count, int)
                                                 or isinstance(count, bool))
                     break
         if "vocab" in spec.params and "vocab" not in out and "tokenizer.ggml.tokens" in meta:
@@ -76,13 +76,16 @@ def params_from_metadata(spec, meta: dict) -> dict:
     return out
 
 
-def _metadata_value(v, as_list: bool):
+def _metadata_value(key: str, v, as_list: bool):
     """A GGUF metadata value as a param: a scalar as it is; an array as a list of Python
-    scalars (``as_list``) or as its length."""
+    scalars (``as_list``; at most budgets.MAX_VALUE_SIZE items) or as its length."""
     if not isinstance(v, (list, tuple, np.ndarray, StringArray)):
         return v
     if not as_list:
         return len(v)
+    if len(v) > budgets.MAX_VALUE_SIZE:
+        raise WeightsError(f"metadata {key!r}: an array of {len(v):,} values is over the "
+                           f"limit of {budgets.MAX_VALUE_SIZE:,} for a param (MAX_VALUE_SIZE)")
     if isinstance(v, StringArray):
         return [v[i] for i in range(len(v))]
     if isinstance(v, np.ndarray):

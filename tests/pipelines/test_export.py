@@ -310,3 +310,20 @@ def test_list_params_export_as_gguf_arrays_and_load_back(tmp_path):
     want = md.load_model(str(spec), str(src), variant="other")
     x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
     assert model(x)[0].tobytes() == want(x)[0].tobytes()
+
+
+def test_a_huge_metadata_array_for_a_list_param_is_refused(tmp_path):
+    """A GGUF array read as a list param is bounded (MAX_VALUE_SIZE), with a one-line
+    error naming the key; a count param still takes only the length."""
+    from maxdecl.spec import budgets
+    from maxdecl.weights.for_spec import params_from_metadata
+
+    spec = tmp_path / "perlayer.yaml"
+    spec.write_text(PER_LAYER_SPEC)
+    s = md.load_spec(str(spec))
+    big = np.zeros(budgets.MAX_VALUE_SIZE + 1, np.uint32)
+    meta = {"maxdecl.format": "gguf", "general.architecture": "perlayer"}
+    with pytest.raises(md.WeightsError, match="'perlayer.scales': an array of 1,000,001"):
+        params_from_metadata(s, {**meta, "perlayer.scales": big})
+    assert params_from_metadata(s, {**meta, "perlayer.block_count": big})["n_layers"] == \
+        budgets.MAX_VALUE_SIZE + 1
