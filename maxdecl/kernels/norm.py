@@ -11,11 +11,14 @@ from .config import FASTMATH
 
 @njit_twins(fastmath=FASTMATH)
 def _layer_norm(x, gamma, beta, eps, out):
-    # x, out: (R, D) f32; gamma, beta: (D,) f32
+    # x, out: (R, D) f32; gamma, beta: (G, D) f32, row r takes gamma[r % G] (G = 1: shared;
+    # G > 1: gains over x's trailing dims, e.g. one per head)
     # out = (x - mean) / sqrt(var + eps) * gamma + beta   (var: biased, two passes)
     R, D = x.shape
+    G = gamma.shape[0]
     inv_d = np.float32(1) / np.float32(D)
     for r in numba.prange(R):
+        g, b = gamma[r % G], beta[r % G]
         s = np.float32(0)
         for i in range(D):
             s += x[r, i]
@@ -26,22 +29,24 @@ def _layer_norm(x, gamma, beta, eps, out):
             v += t * t
         inv = np.float32(1) / np.sqrt(v * inv_d + eps)
         for i in range(D):
-            out[r, i] = (x[r, i] - mean) * inv * gamma[i] + beta[i]
+            out[r, i] = (x[r, i] - mean) * inv * g[i] + b[i]
 
 
 @njit_twins(fastmath=FASTMATH)
 def _rms_norm(x, w, eps, out):
-    # x, out: (R, D) f32; w: (D,) f32
+    # x, out: (R, D) f32; w: (G, D) f32, row r takes w[r % G]
     # out = x * rsqrt(mean(x^2) + eps) * w
     R, D = x.shape
+    G = w.shape[0]
     inv_d = np.float32(1) / np.float32(D)
     for r in numba.prange(R):
+        wr = w[r % G]
         s = np.float32(0)
         for i in range(D):
             s += x[r, i] * x[r, i]
         inv = np.float32(1) / np.sqrt(s * inv_d + eps)
         for i in range(D):
-            out[r, i] = x[r, i] * inv * w[i]
+            out[r, i] = x[r, i] * inv * wr[i]
 
 
 def _rows(x):
@@ -49,13 +54,18 @@ def _rows(x):
     return x.reshape(-1, x.shape[-1]) if x.size else x.reshape(0, max(x.shape[-1], 1))
 
 
+def _gains(w, d):
+    """A weight of x's trailing shape as (G, D) rows, row r of x taking row r % G."""
+    return np.ascontiguousarray(w, dtype=np.float32).reshape(-1, d)
+
+
 def layer_norm(x, gamma, beta, eps) -> np.ndarray:
-    """float32 layer norm over the last axis (``beta`` may be None)."""
+    """float32 layer norm over the last axis (``beta`` may be None); gamma and beta have
+    x's trailing shape (1-D: shared by every row)."""
     rows = _rows(x)
     d = x.shape[-1]
-    g = np.ascontiguousarray(gamma, dtype=np.float32).reshape(d)
-    b = (np.zeros(d, np.float32) if beta is None
-         else np.ascontiguousarray(beta, dtype=np.float32).reshape(d))
+    g = _gains(gamma, d)
+    b = np.zeros_like(g) if beta is None else _gains(beta, d)
     out = np.empty(rows.shape, np.float32)
     if rows.size:
         pick(_layer_norm, rows.size)(rows, g, b, np.float32(eps), out)
@@ -63,9 +73,9 @@ def layer_norm(x, gamma, beta, eps) -> np.ndarray:
 
 
 def rms_norm(x, weight, eps) -> np.ndarray:
-    """float32 RMS norm over the last axis."""
+    """float32 RMS norm over the last axis; weight has x's trailing shape."""
     rows = _rows(x)
-    w = np.ascontiguousarray(weight, dtype=np.float32).reshape(x.shape[-1])
+    w = _gains(weight, x.shape[-1])
     out = np.empty(rows.shape, np.float32)
     if rows.size:
         pick(_rms_norm, rows.size)(rows, w, np.float32(eps), out)
@@ -84,7 +94,8 @@ def _rms_norm_run(args, attrs):
     if (x.dtype == np.float32 and w.dtype == np.float32 and w.shape == (d,) and 0 < x.size
             < PARALLEL_MIN_WORK and x.flags.c_contiguous and w.flags.c_contiguous):
         out = np.empty_like(x)                 # decode: one row, straight to the kernel
-        _rms_norm[1](x.reshape(-1, d), w, np.float32(attrs["epsilon"]), out.reshape(-1, d))
+        _rms_norm[1](x.reshape(-1, d), w.reshape(1, d), np.float32(attrs["epsilon"]),
+                     out.reshape(-1, d))
         return [out]
     return [rms_norm(x, w, attrs["epsilon"]).astype(x.dtype, copy=False)]
 

@@ -1,7 +1,8 @@
 """Normalisation over the last axis: ``layer_norm`` and ``rms_norm`` (float32 math).
 
 Both compute in float32 whatever the float input dtype and return the input dtype.
-Weights are 1-D of the last dim's size. Gemma-style checkpoints whose norm weight
+Weights have x's trailing shape: 1-D of the last dim's size (shared by every row), or
+more dims (a gain per head: ``[heads, head_dim]`` on ``[seq, heads, head_dim]``). Gemma-style checkpoints whose norm weight
 is stored as ``w`` but applied as ``1 + w`` are the loader's business: GGUF files
 already hold ``1 + w``.
 """
@@ -17,9 +18,11 @@ __all__ = ["layer_norm", "rms_norm"]
 
 def _check_weight(x, w, what):
     _checks.float_input(w, what)
-    if w.rank != 1 or not _checks.dims_equal(w.shape[0], x.shape[-1]):
-        raise ValueError(f"{what}{format_shape(w.shape)} must be 1-D of size "
-                         f"{x.shape[-1]} (the last dim of x{format_shape(x.shape)})")
+    if not 1 <= w.rank <= x.rank or not all(
+            _checks.dims_equal(a, b) for a, b in zip(w.shape, x.shape[x.rank - w.rank:])):
+        raise ValueError(f"{what}{format_shape(w.shape)} must be x's trailing dims "
+                         f"(1-D of size {x.shape[-1]}, or [heads, {x.shape[-1]}] and the "
+                         f"like, of x{format_shape(x.shape)})")
 
 
 def _norm_rule(inputs, attrs):
@@ -52,10 +55,12 @@ def _eps(a):
 define("layer_norm", rule=_norm_rule, run="norm", inputs=("x", "gamma"), optional=("beta",),
        attrs={"epsilon": 1e-5}, normalize=_eps, kind="norm",
        doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis",
-       rule_doc="x float; gamma, beta 1-D of x's last dim; out: the type of x")
+       rule_doc="x float; gamma, beta: x's trailing dims (1-D of the last dim, or more); "
+                "out: the type of x")
 define("rms_norm", rule=_rms_rule, run="norm", inputs=("x", "weight"), attrs={"epsilon": 1e-6},
        normalize=_eps, kind="norm", doc="x * rsqrt(mean(x**2) + epsilon) * weight over the last axis",
-       rule_doc="x float; weight 1-D of x's last dim; out: the type of x")
+       rule_doc="x float; weight: x's trailing dims (1-D of the last dim, or more); "
+                "out: the type of x")
 
 
 @public
@@ -64,11 +69,11 @@ def layer_norm():  # noqa: A001 - the signature comes from the definition
 
     ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta`` (biased variance,
     float32 math), as ``torch.nn.functional.layer_norm(x, x.shape[-1:], ...)``.
-    ``gamma`` and ``beta`` are 1-D, the size of the last axis: on ``[seq, heads,
-    head_dim]`` it is a per-head LayerNorm whose gain and bias all heads share (Phi's
-    ``qk_layernorm``); a gain that also varies
-    along another axis (StableLM's per-head q/k gains ``[heads, head_dim]``) is written
-    out with ``mean``, ``sub``, ``mul``, ``add``, ``rsqrt`` and a broadcasting ``mul``.
+    ``gamma`` and ``beta`` have x's trailing shape. 1-D, the size of the last axis: on
+    ``[seq, heads, head_dim]`` a per-head LayerNorm whose gain and bias all heads share
+    (Phi's ``qk_layernorm``); ``[heads, head_dim]``: a gain and bias of each head's own
+    (StableLM 2 12B's and Command-R+'s per-head q/k norms), the statistics still over
+    the last axis only.
     Inference BatchNorm has no op of its own: on a channels-last value it is
     ``(x - running_mean) * rsqrt(running_var + eps) * weight + bias``, each a
     broadcasting elementwise op over ``[C]`` (specs/resnet.yaml).
@@ -85,7 +90,7 @@ def rms_norm():  # noqa: A001 - the signature comes from the definition
 
     Computed in float32 (as llama.cpp and HF Llama). Gemma GGUF weights already
     hold ``1 + w``. On ``[seq, heads, head_dim]`` with a ``[head_dim]`` weight it is a
-    per-head norm whose gain all heads share (Qwen3's and Gemma 3's q/k norms); gains
-    that differ per head (``[heads, head_dim]``) need the written-out form (see
-    ``layer_norm``).
+    per-head norm whose gain all heads share (Qwen3's and Gemma 3's q/k norms); a
+    ``[heads, head_dim]`` weight gives each head its own gain (statistics still over the
+    last axis only).
     """

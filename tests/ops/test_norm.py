@@ -39,5 +39,27 @@ def test_norm_weight_size_mismatch():
     g = md.Graph("t", [md.TensorType("float32", ("seq", 64)), md.TensorType("float32", (32,))])
     with g.layer("blk"):
         with pytest.raises(md.GraphError,
-                           match=r"blk: rms_norm: weight\[32\] must be 1-D of size 64"):
+                           match=r"blk: rms_norm: weight\[32\] must be x's trailing dims"):
             md.ops.rms_norm(*g.inputs)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_per_head_gains_match_torch(rng, op):
+    """Gains of x's trailing shape ([heads, head_dim] on [seq, heads, head_dim]): each head
+    its own gain (and bias), statistics over the last axis only, as torch with the gain
+    broadcast; a [heads, head_dim] gain that does not match x's heads is refused."""
+    x = (rng.standard_normal((5, 3, 16)) * 2 + 0.5).astype(np.float32)
+    g = rng.standard_normal((3, 16)).astype(np.float32)
+    b = rng.standard_normal((3, 16)).astype(np.float32)
+    t = torch.from_numpy(x)
+    if op == "layer_norm":
+        out = run_op(lambda *v: md.ops.layer_norm(*v, epsilon=1e-5), x, g, b)
+        ref = F.layer_norm(t, (16,), eps=1e-5) * torch.from_numpy(g) + torch.from_numpy(b)
+    else:
+        out = run_op(lambda *v: md.ops.rms_norm(*v, epsilon=1e-6), x, g)
+        ref = F.rms_norm(t, (16,), eps=1e-6) * torch.from_numpy(g)
+    close(out, ref.numpy(), atol=1e-5)
+    gr = md.Graph("t", [md.TensorType("float32", ("seq", 4, 16)),
+                        md.TensorType("float32", (3, 16))])
+    with pytest.raises(md.GraphError, match=r"\[3, 16\] must be x's trailing dims"):
+        getattr(md.ops, op)(*gr.inputs)
