@@ -63,5 +63,10 @@ RUN = {
     "silu": _activation("silu"), "gelu": _activation("gelu"),
     "gelu_tanh": _activation("gelu_tanh"),
     "activation": lambda args, attrs: [np.asarray(ACTIVATION[attrs["kind"]](args[0]))],
+    "equal": _binary(np.equal), "not_equal": _binary(np.not_equal),
+    "greater": _binary(np.greater), "greater_equal": _binary(np.greater_equal),
+    "less": _binary(np.less), "less_equal": _binary(np.less_equal),
+    "logical_and": _binary(np.logical_and), "logical_or": _binary(np.logical_or),
+    "logical_not": _unary(np.logical_not),
     "cast": lambda args, attrs: [args[0].astype(attrs["dtype"].numpy)],
 }

@@ -43,7 +43,25 @@ def _normalize_cast(attrs):
         raise ValueError(str(e)) from None
 
 
+def _compare_rule(types, attrs):
+    x, y = types
+    _checks.not_quantized(x, y)
+    _checks.same_dtype(x, y)
+    return [TensorType(DType.bool, _checks.broadcast_shapes(x.shape, y.shape))]
+
+
+def _logical_rule(types, attrs):
+    _checks.not_quantized(*types)
+    for t in types:
+        if t.dtype != DType.bool:
+            raise TypeError(f"logical ops take bool inputs, got {t} (compare or cast first)")
+    return [TensorType(DType.bool, _checks.broadcast_shapes(*(t.shape for t in types)))]
+
+
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+COMPARE = {"equal": "==", "not_equal": "!=", "greater": ">", "greater_equal": ">=",
+           "less": "<", "less_equal": "<="}
+LOGICAL = {"logical_and": ("x", "y"), "logical_or": ("x", "y"), "logical_not": ("x",)}
 UNARY = ("neg", "abs", "relu")
 FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
                "sin", "cos")
@@ -52,6 +70,14 @@ for _name in BINARY:
     define(_name, rule=_binary_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
            doc=f"elementwise {_name} with NumPy broadcasting",
            rule_doc="x, y: one dtype, not quantized; out: that dtype, shapes broadcast")
+for _name, _sym in COMPARE.items():
+    define(_name, rule=_compare_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
+           doc=f"elementwise x {_sym} y as bool, NumPy broadcasting (a mask for select)",
+           rule_doc="x, y: one dtype, not quantized; out: bool, shapes broadcast")
+for _name, _ins in LOGICAL.items():
+    define(_name, rule=_logical_rule, run="elementwise", inputs=_ins, kind="elementwise",
+           doc=f"elementwise {_name.split('_')[1]} of bool values, NumPy broadcasting",
+           rule_doc="bool inputs; out: bool, shapes broadcast")
 for _name in UNARY:
     define(_name, rule=_unary_rule, run="elementwise", kind="elementwise",
            doc=f"elementwise {_name}", rule_doc="x: not quantized; out: the type of x")
@@ -109,6 +135,8 @@ define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
 
 add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # noqa: A001
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
+equal, not_equal, greater, greater_equal, less, less_equal = (public_op(n) for n in COMPARE)
+logical_and, logical_or, logical_not = (public_op(n) for n in LOGICAL)
 exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos = (
     public_op(n) for n in FLOAT_UNARY)
 activation = public_op(

@@ -79,7 +79,8 @@ class TypeEnv:
             if t is None:
                 return None            # an earlier problem; don't report it twice
             types.append(t)
-        partner = next((t for t in types if t is not None), None)
+        given = [t for t in types if t is not None]     # a bool (a select's cond) last
+        partner = next((t for t in given if t.dtype != DType.bool), given[0] if given else None)
         types = [t if t is not None else _scalar_type(r.target, partner)
                  for t, r in zip(types, refs)]
         # every layer of a repeat runs the same rule on the same types: run it once
@@ -122,7 +123,8 @@ class TypeEnv:
 
 
 def _scalar_type(value, partner) -> TensorType:
-    """A Python number in ``in:`` takes its tensor partner's dtype (as in torch)."""
+    """A Python number in ``in:`` takes its tensor partner's dtype (as in torch): the
+    first non-bool input's, so ``select(cond, 0.0, x)`` gives x's."""
     if partner is not None and not partner.is_quantized:
         return TensorType(partner.dtype, ())
     return TensorType(DType.float32 if isinstance(value, float) else DType.int64, ())

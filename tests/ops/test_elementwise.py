@@ -61,3 +61,42 @@ def test_activation_kinds_match_transformers_act2fn(rng):
     g = md.Graph("t", [md.TensorType("float32", (2, 3))])
     with pytest.raises(md.GraphError, match="unknown activation kind 'gelu_neww'.*gelu_new"):
         md.ops.activation(g.inputs[0], kind="gelu_neww")
+
+
+@pytest.mark.parametrize("name, ref", [
+    ("equal", torch.eq), ("not_equal", torch.ne), ("greater", torch.gt),
+    ("greater_equal", torch.ge), ("less", torch.lt), ("less_equal", torch.le),
+])
+def test_comparisons_match_torch(name, ref, rng):
+    """Comparisons broadcast like torch and give bool; a Python number takes the other
+    input's dtype; the inputs must share a dtype."""
+    x = rng.integers(-2, 3, (3, 1, 5)).astype(np.float32)
+    y = rng.integers(-2, 3, (4, 1)).astype(np.float32)
+    out = run_op(getattr(md.ops, name), x, y)
+    assert out.dtype == np.bool_
+    np.testing.assert_array_equal(out, ref(torch.from_numpy(x), torch.from_numpy(y)).numpy())
+    g = md.Graph("t", [md.TensorType("float32", (3,)), md.TensorType("int64", (3,))])
+    assert getattr(md.ops, name)(g.inputs[0], 1.0).type.dtype == md.DType.bool
+    with pytest.raises(md.GraphError, match="dtypes differ"):
+        getattr(md.ops, name)(*g.inputs)
+
+
+def test_logical_ops_match_numpy_and_take_only_bools(rng):
+    a = rng.random((2, 5)) > 0.5
+    b = rng.random((5,)) > 0.5
+    np.testing.assert_array_equal(run_op(md.ops.logical_and, a, b), a & b)
+    np.testing.assert_array_equal(run_op(md.ops.logical_or, a, b), a | b)
+    np.testing.assert_array_equal(run_op(md.ops.logical_not, a), ~a)
+    g = md.Graph("t", [md.TensorType("float32", (3,))])
+    with pytest.raises(md.GraphError, match="logical ops take bool inputs"):
+        md.ops.logical_not(g.inputs[0])
+
+
+def test_a_number_beside_a_bool_condition_takes_the_values_dtype():
+    """``select(cond, 0.0, x)``: the literal takes x's dtype, not the condition's."""
+    g = md.Graph("t", [md.TensorType("bool", (4,)), md.TensorType("float32", (4,))])
+    y = md.ops.select(g.inputs[0], 0.0, g.inputs[1])
+    assert y.type.dtype == md.DType.float32
+    g.output(y)
+    (out,) = g.execute(np.array([True, False, True, False]), np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(out, [0, 1, 0, 3])
