@@ -8,6 +8,7 @@ size is derived from a symbol gets a derived symbol such as ``"past+seq"``.
 from __future__ import annotations
 
 import builtins
+import numbers
 
 from .. import dims
 from ..dtypes import DType, TensorType, format_shape
@@ -203,14 +204,20 @@ def _tile_rule(inputs, attrs):
     return [TensorType(x.dtype, tuple(out))]
 
 
+def _whole(r) -> bool:
+    return (isinstance(r, numbers.Integral) and not isinstance(r, bool)) or (
+        isinstance(r, float) and r.is_integer())
+
+
 def _tile_repeats(attrs):
     reps = attrs["repeats"]
-    if not isinstance(reps, (list, tuple)) or not all(
-            isinstance(r, int) and not isinstance(r, bool) for r in reps):
+    reps = list(reps) if hasattr(reps, "__iter__") and not isinstance(reps, (str, bytes)) \
+        else reps
+    if not isinstance(reps, list) or not all(_whole(r) for r in reps):
         raise ValueError(f"tile repeats must be non-negative ints, got {reps!r} (a symbolic "
                          "dim is not a repeat count: expand_as(x, like) broadcasts x to the "
                          "shape of a value)")
-    return {**attrs, "repeats": tuple(reps)}
+    return {**attrs, "repeats": tuple(int(r) for r in reps)}
 
 
 def _expand_as_rule(inputs, attrs):
