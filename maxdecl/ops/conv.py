@@ -178,6 +178,13 @@ def conv2d():  # noqa: A001 - the signature comes from the definition
     is ``input_layout="NHWC", filter_layout="FCRS"``. H and W may be symbolic dims; a
     window that does not fit is then reported when the graph runs.
 
+    ``stride`` and ``dilation``: an int, or one per spatial dim (``[h, w]``); ``padding``:
+    an int, one per spatial dim, or ``[h_before, h_after, w_before, w_after]``. A 1-D
+    convolution (torch's ``Conv1d(C, F, K, stride=s, padding=p)``) is a height-1 conv2d:
+    x ``[N, 1, L, C]`` (NHWC), filter ``[F, C, 1, K]`` (FCRS; the ``unsqueeze: 2``
+    transform makes it from torch's ``[F, C, K]``), ``stride: [1, s]``, ``padding:
+    [0, p]`` (a single ``padding: p`` would pad the height too).
+
     ``groups``: C and F both divide by it, and the filter's channel dim is C/groups; a
     depthwise conv is ``groups == C``: 7x7 over 96 channels is ``[7, 7, 1, 96]`` in RSCF
     and ``[96, 1, 7, 7]`` in FCRS (torch's ``Conv2d(96, 96, 7, groups=96).weight``).

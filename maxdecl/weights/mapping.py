@@ -31,7 +31,8 @@ Transforms, applied in declaration order (after stacking):
 - ``exp: true`` -- ``exp(w)``; ``scale: c`` -- ``c * w`` (float32). Mamba's
   ``A = -exp(A_log)`` is ``{exp: true, scale: -1.0}``.
 - ``squeeze: axis`` -- drop an axis of size 1 (torch's depthwise ``[C, 1, K]`` conv
-  filters are ``[C, K]`` in GGUF).
+  filters are ``[C, K]`` in GGUF); ``unsqueeze: axis`` -- insert one (torch's
+  ``Conv1d`` filters ``[F, C, K]`` as the ``[F, C, 1, K]`` of a height-1 ``conv2d``).
 - ``permute_rows: {shape: [a, b, ...], order: [...]}`` -- the rows (first axis) seen
   as an array of ``shape`` (one entry may be -1), its axes put in ``order``, flattened
   back: fused projections whose row blocks differ between formats. HF BLOOM's
@@ -178,6 +179,20 @@ def _squeeze(w, axis):
     return np.squeeze(np.asarray(w), axis)
 
 
+def _unsqueeze(w, axis):
+    shape = tuple(w.shape)
+    axis = int(axis)
+    if not -len(shape) - 1 <= axis <= len(shape):
+        raise WeightsError(f"unsqueeze: axis {axis} is out of range for shape {list(shape)}")
+    at = axis % (len(shape) + 1)
+    if isinstance(w, QuantizedTensor):
+        if at == len(shape):
+            raise WeightsError("unsqueeze: cannot add an axis after the packed last axis")
+        new = shape[:at] + (1,) + shape[at:]
+        return QuantizedTensor(w.data.reshape(*new[:-1], -1), new, w.encoding)
+    return np.expand_dims(np.asarray(w), at)
+
+
 def permute_rows(w, shape, order):
     """``w`` with its rows (first axis) viewed as ``shape`` (one entry may be -1),
     those axes reordered by ``order`` and flattened back (see the module doc)."""
@@ -278,6 +293,7 @@ TRANSFORMS = {
     "exp": _exp,
     "scale": _scale,
     "squeeze": _squeeze,
+    "unsqueeze": _unsqueeze,
 }
 
 

@@ -170,3 +170,23 @@ def test_star_patterns_drop_whole_subtrees_and_only_drop():
         remap(td, {"text_model.*": "x"})
     with pytest.raises(md.WeightsError, match="more than 2"):
         remap(td, {"a*b*c*": None})
+
+
+def test_unsqueeze_inserts_an_axis_and_undoes_squeeze():
+    """``unsqueeze: 2`` makes torch's Conv1d filter [F, C, K] the [F, C, 1, K] of a
+    height-1 conv2d; on packed rows it keeps the blocks; out of range is an error."""
+    from maxdecl.weights.mapping import TRANSFORMS
+
+    w = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    u = TRANSFORMS["unsqueeze"](w, 2)
+    assert u.shape == (2, 3, 1, 4) and np.array_equal(u.reshape(2, 3, 4), w)
+    assert np.array_equal(TRANSFORMS["squeeze"](u, 2), w)
+    assert TRANSFORMS["unsqueeze"](w, -1).shape == (2, 3, 4, 1)
+    q8 = md.codecs.get("q8_0")
+    qt = md.QuantizedTensor(q8.quantize(np.ones((6, 32), np.float32)).reshape(2, 3, -1),
+                            (2, 3, 32), "q8_0")
+    assert TRANSFORMS["unsqueeze"](qt, 1).shape == (2, 1, 3, 32)
+    with pytest.raises(md.WeightsError, match="packed last axis"):
+        TRANSFORMS["unsqueeze"](qt, 3)
+    with pytest.raises(md.WeightsError, match="out of range"):
+        TRANSFORMS["unsqueeze"](w, 5)
