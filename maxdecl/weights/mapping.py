@@ -248,11 +248,14 @@ def regroup_rows(w, groups, sizes):
         raise WeightsError(f"regroup_rows: {rows} rows cannot be cut into {groups} groups "
                            f"of sections {sizes} (one size may be -1)")
     per = rows // groups
+    given = list(sizes)
     if -1 in sizes:
         sizes[sizes.index(-1)] = per - (sum(sizes) + 1)
     if min(sizes) < 0 or sum(sizes) != per:
-        raise WeightsError(f"regroup_rows: sections {sizes} do not add up to the {per} rows "
-                           f"of each of {groups} groups")
+        fixed = sum(v for v in given if v != -1)
+        raise WeightsError(f"regroup_rows: sections {given} do not fit the {per} rows of "
+                           f"each of {groups} groups ({rows} rows in all; the given sections "
+                           f"take {fixed})")
     if isinstance(w, QuantizedTensor):
         return QuantizedTensor(regroup_rows(w.data, groups, sizes), w.shape, w.encoding)
     w = np.asarray(w)

@@ -114,7 +114,7 @@ def test_regroup_rows_falcon_qkv_and_bloom_as_a_special_case():
 @pytest.mark.parametrize("arg, match", [
     ({"groups": 5, "sizes": [-1]}, "cannot be cut into 5 groups"),
     ({"groups": 2, "sizes": [-1, -1]}, "one size may be -1"),
-    ({"groups": 2, "sizes": [7, 2]}, "do not add up"),
+    ({"groups": 2, "sizes": [7, 2]}, "do not fit the 6 rows"),
     ({"groups": 2.5, "sizes": [1]}, "whole numbers"),
     ({"groups": 2}, "expects {groups"),
     ({"groups": "n", "sizes": [1]}, "unknown parameter 'n'"),
