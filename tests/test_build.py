@@ -234,3 +234,35 @@ def test_a_repeat_of_zero_runs_its_layer_no_times(tmp_path):
     path.write_text(text.replace("in: [x, x], out: y", "in: [h, x], out: y"))
     with pytest.raises(md.SpecError, match=r"zero.yaml:32:\d+: undefined value 'h'"):
         md.build(path)
+
+
+def test_an_anonymous_group_adds_no_path_segment(tmp_path):
+    """A group of `layers:` without a name (here a 0/1 repeat: a part some layers have)
+    names its weights after the enclosing layer (`blk.1.extra.weight`, as llama.cpp
+    names a tensor only some blocks hold); two such weights with one name collide."""
+    text = (SPECS.parent / "tests/spec/cases/invalid/negative_repeat_expr.yaml").read_text()
+    text = text.replace("repeat: n_layers - 3", "repeat: n_layers")
+    text = text.replace("      - {op: add, in: [x, h], out: x}", """\
+      - repeat: "{1 if i == 1 else 0}"
+        index: j
+        layers:
+          - {name: extra, weights: {weight: [dim, dim]}, op: linear, in: [h, .weight], out: h}
+      - {op: add, in: [x, h], out: x}""")
+    path = tmp_path / "anon.yaml"
+    path.write_text(text)
+    assert md.validate_spec(path) == []
+    prog = md.load_spec(path).program()
+    assert "blk.1.extra.weight" in [w.name for w in prog.weights]
+    assert "blk.0.extra.weight" not in [w.name for w in prog.weights]
+    td = random_weights(path, scale=0.2)
+    g = md.build(path, weights=td)
+    x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    assert np.isfinite(g.execute(x, weights=td)[0]).all()
+    twice = text.replace("""          - {name: extra, weights: {weight: [dim, dim]}, op: linear, in: [h, .weight], out: h}""", """\
+          - {name: extra, weights: {weight: [dim, dim]}, op: linear, in: [h, .weight], out: h}
+      - repeat: 1
+        layers:
+          - {name: extra, weights: {weight: [dim, dim]}, op: linear, in: [h, .weight], out: h}""")
+    path.write_text(twice)
+    problems = md.validate_spec(path)
+    assert problems and "duplicate" in problems[0].message

@@ -318,9 +318,9 @@ class Expander:
                                    "weights that later ops use by full name)")
             self.bind([n for n, _ in decl.outs], ns)
             return
-        if decl.name is None and (decl.weights or decl.children or decl.block):
-            self.problem(decl.pos, "this layer needs a `name` (only a plain op may be "
-                                   "anonymous; its weights are named after the layer path)")
+        if decl.name is None and decl.block:
+            self.problem(decl.pos, "a block use needs a `name` (a plain op or a group of "
+                                   "`layers:` may be anonymous: it adds no path segment)")
             return
         if decl.repeat is None:
             if not self.unroll(decl, path):
@@ -409,6 +409,12 @@ class Expander:
                                         f"is not a multiple of {enc}'s block of {block} "
                                         "elements; choose another encoding for it under "
                                         "`encodings.overrides`")
+            if full in self.weights:
+                first = self.weights[full].pos
+                self.problem(w.pos, f"duplicate weight {full!r} (first at line {first.line}; "
+                                    "an anonymous layer names its weights after the "
+                                    "enclosing path)")
+                continue
             absent = self.absent(w, full, shape, env)
             pw = PWeight(full, shape or (), enc or "f32", path, w.pos, absent)
             if self.types is not None and enc is not None:
