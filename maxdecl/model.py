@@ -267,7 +267,8 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
         spec = spec.with_variant(name)
         prog = spec.program(name)
         td = program_weights(prog)
-        is_lm = {"tokens", "positions"} <= {p.name for p in prog.inputs}
+        is_lm = ({"tokens", "positions"} <= {p.name for p in prog.inputs}
+                 and "logits" in {name for name, _ in spec.outputs})
         tok = ByteTokenizer() if is_lm else None
         tok_source = "random weights (bytes)" if is_lm else ""
         note = (f"[no weights found for {spec.name} (looked in models/{spec.name}/ and known "

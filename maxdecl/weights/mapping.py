@@ -333,6 +333,16 @@ def _param(value, params: dict, where: str):
     return value
 
 
+def _same_tensor(a, b) -> bool:
+    """The same encoding, shape and bytes (a checkpoint that saved one tensor twice)."""
+    if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
+        return (isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor)
+                and a.encoding == b.encoding and tuple(a.shape) == tuple(b.shape)
+                and np.array_equal(np.asarray(a.data), np.asarray(b.data)))
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
 def _fmt_names(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return f"{len(names)} ({shown}{', ...' if len(names) > limit else ''})"
@@ -411,8 +421,10 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                 renamed[target] = name
             continue
         if target in renamed:
+            if _same_tensor(td[renamed[target]], td[name]):
+                continue            # one tensor saved twice (T5's tied shared / embed_tokens)
             raise WeightsError(f"mapping: {renamed[target]!r} and {name!r} both map to "
-                               f"{target!r}")
+                               f"{target!r} and differ")
         renamed[target] = name
 
     missing = [t for t in (expected or ()) if t not in renamed]

@@ -216,7 +216,11 @@ def test_remap_patterns():
     out = remap(src, {"a.{i}.b.{j}.w": "x.{j}.{i}", "inv_freq": None, "exact": "e"})
     assert list(out.keys()) == ["x.12.0", "x.3.1", "e"]
     assert out["e"] is src["exact"]                          # untransformed: shared
-    with pytest.raises(WeightsError, match="both map to"):
+    # two names of one saved-twice tensor (T5's shared and embed_tokens): the first wins
+    out = remap(src, {"a.{i}.b.{j}.w": "same", "inv_freq": None, "exact": "e"})
+    assert list(out.keys()) == ["same", "e"] and out["same"] is src["a.0.b.12.w"]
+    src["a.1.b.3.w"] = np.full(1, 2.0)
+    with pytest.raises(WeightsError, match="both map to 'same' and differ"):
         remap(src, {"a.{i}.b.{j}.w": "same", "inv_freq": None, "exact": "e"})
     with pytest.raises(WeightsError, match="does not capture"):
         remap(src, {"a.{i}.b.{j}.w": "x.{k}"})
