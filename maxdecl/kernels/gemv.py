@@ -696,8 +696,11 @@ def _gemv_bf16(x, w, out):
 # -- kernels: one or several weights of one encoding that read the same x (q/k/v,
 # gate/up) in one call; ws: a tuple of packed matrices with the same bytes per row;
 # columns offs[i]:offs[i+1] of out are W_i . x. One row of x (decode) takes WROWS weight
-# rows per intrinsic call, more rows of x one. Each output column comes from the same
-# instructions either way, so it is bit-identical to running each weight on its own.
+# rows per intrinsic call (q4_k), more rows of x one. Each output column comes from the
+# same instructions either way, so it is bit-identical to running each weight on its own.
+# The kernels are written out per encoding: made by a factory closing over the
+# intrinsic, numba's on-disk cache misses them in every new process (measured), and a
+# decode step would compile at start-up.
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q4_0(x, ws, offs, out):
     for c in numba.prange(offs[-1]):

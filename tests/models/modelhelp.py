@@ -245,6 +245,20 @@ def layer_tensors(sd, n_layers: int, names=LLAMA_LAYERS, prefix="model.layers.")
     return t
 
 
+def llama_layer_tensors(sd, cfg) -> dict:
+    """A Llama-layout HF state dict's blocks, final norm and (untied) head under llama.cpp's
+    names, q/k rows permuted as its converter does (LlamaModel and its kin)."""
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    t = layer_tensors(sd, cfg.num_hidden_layers)
+    for i in range(cfg.num_hidden_layers):
+        t[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(t[f"blk.{i}.attn_q.weight"], nh, nh)
+        t[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(t[f"blk.{i}.attn_k.weight"], nh, nkv)
+    t["output_norm.weight"] = sd["model.norm.weight"]
+    if not cfg.tie_word_embeddings:
+        t["output.weight"] = sd["lm_head.weight"]
+    return t
+
+
 def llama_cpp_logits(llama_cpp, path, ids) -> np.ndarray:
     """llama.cpp's own logits (llama-cpp-python, ``llama_cpp`` the imported module) at
     every position of ``ids`` for the GGUF at ``path``."""
@@ -387,7 +401,7 @@ def llama_to_gguf(model, path, quantize=None, rope_freqs=True) -> str:
     import gguf
 
     cfg, sd = model.config, hf_state(model)
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    nh = cfg.num_attention_heads
     w = gguf_writer(path, "llama", cfg)
     w.add_name("tiny-llama")
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
@@ -400,20 +414,7 @@ def llama_to_gguf(model, path, quantize=None, rope_freqs=True) -> str:
     freqs = llama_cpp_rope_freqs(cfg)
     if freqs is not None and rope_freqs:
         t["rope_freqs.weight"] = freqs
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        t[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
-        t[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], nh, nh)
-        t[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], nh, nkv)
-        t[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
-        t[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
-        t[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
-        t[f"blk.{i}.ffn_gate.weight"] = sd[p + "mlp.gate_proj.weight"]
-        t[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
-        t[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
-    t["output_norm.weight"] = sd["model.norm.weight"]
-    if not cfg.tie_word_embeddings:
-        t["output.weight"] = sd["lm_head.weight"]
+    t.update(llama_layer_tensors(sd, cfg))
     _write(w, t, quantize)
     return os.fspath(path)
 

@@ -24,7 +24,7 @@ from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _rope_theta, _write, assert_greedy_matches_hf,
                        assert_logits_match, compare, gguf_writer, hf_case, hf_logits, hf_params,
-                       hf_state, llama_cpp_logits, llama_cpp_permute, randomize, spec_path,
+                       hf_state, llama_cpp_logits, llama_layer_tensors, randomize, spec_path,
                        tiny_model, with_hf_config)
 
 pytest.importorskip("torch")
@@ -148,7 +148,7 @@ def granite_to_gguf(model, path, scales=True) -> str:
     import gguf
 
     cfg, sd = model.config, hf_state(model)
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    nh = cfg.num_attention_heads
     w = gguf_writer(path, "granite", cfg)
     w.add_rope_freq_base(float(_rope_theta(cfg)))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
@@ -161,21 +161,7 @@ def granite_to_gguf(model, path, scales=True) -> str:
         w.add_residual_scale(cfg.residual_multiplier)
     w.add_logit_scale(cfg.logits_scaling)
     _add_tokenizer(w, cfg.vocab_size)
-    t = {"token_embd.weight": sd["model.embed_tokens.weight"]}
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        t[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
-        t[f"blk.{i}.attn_q.weight"] = llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], nh, nh)
-        t[f"blk.{i}.attn_k.weight"] = llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], nh, nkv)
-        t[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
-        t[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
-        t[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
-        t[f"blk.{i}.ffn_gate.weight"] = sd[p + "mlp.gate_proj.weight"]
-        t[f"blk.{i}.ffn_up.weight"] = sd[p + "mlp.up_proj.weight"]
-        t[f"blk.{i}.ffn_down.weight"] = sd[p + "mlp.down_proj.weight"]
-    t["output_norm.weight"] = sd["model.norm.weight"]
-    if not cfg.tie_word_embeddings:
-        t["output.weight"] = sd["lm_head.weight"]
+    t = {"token_embd.weight": sd["model.embed_tokens.weight"], **llama_layer_tensors(sd, cfg)}
     _write(w, t)
     return str(path)
 
