@@ -25,7 +25,7 @@ from ..errors import SpecError
 from ..ops import _registry
 from ..ops._registry import REQUIRED
 from . import budgets
-from .expr import ExprError, evaluate, is_template, render, split_template
+from .expr import ExprError, evaluate, is_template, render, split_template, template_names
 from .marks import RawProblem, nearest_mark, pointer_escape
 from .typecheck import TypeEnv
 from .decls import (BlockDecl, IODecl, LayerDecl, PConst, PInput, PLayer, POp, Pos, Program,
@@ -129,6 +129,7 @@ class Expander:
         self.root_outputs: list = []
         self.layer_outputs: list = []
         self._vid = 0
+        self._unused_seen: set = set()      # layers checked as run no times (repeat 0)
         self._at: dict = {}
         # types are checked against the spec's encodings; weights that bring their own
         # are checked by the graph as md.build adds each node (the same rules)
@@ -348,10 +349,68 @@ class Expander:
         if budgets.check_repeat(n):
             self.problem(rpos, budgets.check_repeat(n))
             return
+        if n == 0:
+            self.unused(decl, set(env) | {decl.index})
+            return
         for k in range(n):
             if self.unroll(decl, path):
                 return
             self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
+
+    def unused(self, decl: LayerDecl, known: set) -> None:
+        """What can be checked of a layer this variant runs no times (a repeat of 0):
+        its ops and attribute names exist, and every expression in it parses and reads
+        only known names (``known``: params, indices, block params); not its types,
+        which depend on values it never gets."""
+        if id(decl) in self._unused_seen:
+            return
+        self._unused_seen.add(id(decl))
+        dims = set(self.spec.dims)
+
+        def names_in(raw, pos, what, bare=False):
+            texts = [raw] if not isinstance(raw, (list, tuple)) else list(raw)
+            for t in texts:
+                if isinstance(t, (list, tuple)):
+                    names_in(t, pos, what, bare)
+                    continue
+                if not isinstance(t, str) or (not bare and "{" not in t):
+                    continue
+                text = t if "{" in t else "{" + t + "}"
+                try:
+                    missing = sorted(template_names(text) - known - (dims if bare else set()))
+                except ExprError as e:
+                    self.problem(pos, f"{what}: {e}")
+                    continue
+                if missing:
+                    self.problem(pos, f"{what}: undefined name {missing[0]!r} in {t!r}"
+                                      + _hint(missing[0], sorted(known)))
+
+        if decl.name is not None:
+            names_in(decl.name, decl.pos, "name")
+        for w in decl.weights:
+            names_in(list(w.shape), w.pos, f"weight {w.local!r}", bare=True)
+            names_in(w.absent, w.absent_pos or w.pos, "absent")
+        for raw, pos in decl.ins:
+            names_in(raw, pos, "input")
+        for _, raw, pos in decl.with_:
+            names_in(raw, pos, "with")
+        if decl.block is not None and decl.block not in self.spec.blocks:
+            self.problem(self.at(f"{decl.pos.ptr}/block"), f"unknown block {decl.block!r}"
+                         + _hint(decl.block, list(self.spec.blocks)))
+        if decl.op is not None:
+            opdef = _registry.REGISTRY.get(decl.op)
+            if opdef is None or opdef.kind == "leaf":
+                self.problem(self.at(f"{decl.pos.ptr}/op"), f"unknown op {decl.op!r}"
+                             + _hint(decl.op, _registry.spec_ops()))
+            for key, raw, vpos, kpos in decl.attrs:
+                if opdef is not None and key not in opdef.attrs:
+                    self.problem(kpos, f"unknown attribute {key!r} for {decl.op}"
+                                 + _hint(key, opdef.attrs))
+                names_in(raw, vpos, f"attribute {key!r}")
+        for child in decl.children:
+            if child.repeat is not None:
+                names_in(child.repeat, self.at(f"{child.pos.ptr}/repeat"), "repeat", bare=True)
+            self.unused(child, known | ({child.index} if child.repeat is not None else set()))
 
     def unroll(self, decl: LayerDecl, path: tuple) -> bool:
         """Count one layer instance; True (reported) past budgets.MAX_UNROLLED, or when

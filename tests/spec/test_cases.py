@@ -49,3 +49,33 @@ def test_invalid_cases_cover_the_required_kinds():
                 "undefined_name", "bad_indentation", "unknown_encoding", "python_tag",
                 "negative_repeat", "bad_expression", "block_size", "duplicate_layer_name"}
     assert required <= names, f"missing cases: {sorted(required - names)}"
+
+
+def test_a_layer_no_variant_runs_is_still_checked_for_names_and_ops():
+    """A repeat that is 0 in every variant (a part switched off) still has its op names,
+    attribute names and expressions checked: an undefined name, a disallowed construct,
+    an unknown op or attribute; what depends on values it never gets (types) is not."""
+    from maxdecl.spec import validate_text
+
+    text = """maxdecl: 1
+name: x
+variants: {tiny: {dim: 8, clip: null}}
+inputs: {x: {dtype: float32, shape: [2, dim]}}
+layers:
+  - repeat: "{1 if clip else 0}"
+    layers:
+      - {op: reshape, in: x, attrs: {shape: [7]}, out: x}
+      - {op: maximum, in: [x, "{nosuchparam + 1}"], out: x}
+      - {op: maximum, in: [x, "{(lambda: 1)()}"], out: x}
+      - {op: minimumm, in: [x, "{clip}"], out: x}
+      - {op: maximum, in: [x, "{-clip}"], attrs: {axiss: 1}, out: x}
+outputs: [x]
+"""
+    got = [(p.line, p.message) for p in validate_text(text, "x.yaml")]
+    assert [line for line, _ in got] == [9, 10, 11, 12]
+    assert "undefined name 'nosuchparam'" in got[0][1]
+    assert "unknown function" in got[1][1]
+    assert "unknown op 'minimumm'; did you mean 'minimum'?" in got[2][1]
+    assert "unknown attribute 'axiss'" in got[3][1]
+    assert validate_text(text.replace("nosuchparam", "dim").replace("(lambda: 1)()", "dim")
+                         .replace("minimumm", "minimum").replace("axiss: 1", ""), "x.yaml") == []
