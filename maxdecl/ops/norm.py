@@ -73,7 +73,8 @@ def layer_norm():  # noqa: A001 - the signature comes from the definition
     ``[seq, heads, head_dim]`` a per-head LayerNorm whose gain and bias all heads share
     (Phi's ``qk_layernorm``); ``[heads, head_dim]``: a gain and bias of each head's own
     (StableLM 2 12B's and Command-R+'s per-head q/k norms), the statistics still over
-    the last axis only.
+    the last axis only. A LayerNorm without parameters (OLMo's) takes a constant of ones
+    as ``gamma`` (in a spec: ``constants: {ones: {value: "{[1.0] * dim}"}}``).
     Inference BatchNorm has no op of its own: on a channels-last value it is
     ``(x - running_mean) * rsqrt(running_var + eps) * weight + bias``, each a
     broadcasting elementwise op over ``[C]`` (specs/resnet.yaml).
