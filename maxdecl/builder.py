@@ -73,6 +73,7 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
     # Bound weights bring their own encodings: the spec's encoding rules do not apply.
     spec, prog = _program(spec, variant, params, check_encodings=weights is None)
     if weights is not None:
+        conform_unit_axes(prog, weights)
         check_weights(prog, weights)
     ins = prog.inputs
     g = Graph(prog.name, input_types=[TensorType(p.dtype, p.shape) for p in ins],
@@ -171,6 +172,27 @@ class _Scopes:
 
     def close(self):
         self.enter(())
+
+
+def conform_unit_axes(prog: Program, weights) -> None:
+    """Give a bound tensor whose shape differs from its declaration only by axes of size
+    1 (``[dim]`` for ``[1, dim]``: converters squeeze some, not others) the declared
+    shape, in place: a view of the same data (a packed tensor keeps its last axis)."""
+    from .tensors import QuantizedTensor
+
+    for w in prog.weights:
+        t = weights[w.name] if w.name in weights else None
+        if t is None:
+            continue
+        got, want = tuple(int(d) for d in t.shape), tuple(w.shape)
+        if got == want or [d for d in got if d != 1] != [d for d in want if d != 1]:
+            continue
+        if isinstance(t, QuantizedTensor):
+            if got and want and got[-1] == want[-1]:
+                weights[w.name] = QuantizedTensor(t.data.reshape(*want[:-1], -1), want,
+                                                  t.encoding)
+        elif hasattr(t, "reshape"):
+            weights[w.name] = t.reshape(want)
 
 
 def check_weights(prog: Program, weights) -> None:

@@ -266,3 +266,19 @@ def test_an_anonymous_group_adds_no_path_segment(tmp_path):
     path.write_text(twice)
     problems = md.validate_spec(path)
     assert problems and "duplicate" in problems[0].message
+
+
+def test_a_weight_squeezed_or_not_binds_to_its_declared_shape():
+    """A tensor that differs from its declaration only by axes of size 1 (llama.cpp's
+    older converters squeeze [1, dim] gates to [dim]) binds as declared, the same data;
+    a real mismatch is still one error."""
+    td = random_weights(SPECS / "mlp.yaml", scale=1.0)
+    want = np.asarray(td["fc1.bias"]).copy()
+    td["fc1.bias"] = want.reshape(1, -1)
+    g = md.build(SPECS / "mlp.yaml", weights=td)
+    assert td["fc1.bias"].shape == want.shape and np.array_equal(td["fc1.bias"], want)
+    x = np.ones((2, 16), np.float32)
+    assert np.isfinite(g.execute(x, weights=td)[0]).all()
+    td["fc1.bias"] = np.ones((2, want.size // 2), np.float32)
+    with pytest.raises(md.WeightsError, match="mis-shaped: fc1.bias"):
+        md.build(SPECS / "mlp.yaml", weights=td)

@@ -47,6 +47,7 @@ ACTIVATION = {
     "sigmoid": _sigmoid, "tanh": np.tanh,
     "mish": lambda x: (x * np.tanh(np.logaddexp(x.dtype.type(0), x))).astype(x.dtype,
                                                                               copy=False),
+    "softplus": lambda x: np.logaddexp(x.dtype.type(0), x).astype(x.dtype, copy=False),
     "linear": np.array, "identity": np.array,
 }
 

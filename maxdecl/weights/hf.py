@@ -35,7 +35,21 @@ def read_hf_config(path) -> dict:
     data = _read_json(cfg)
     if not isinstance(data, dict):
         raise WeightsError(f"{cfg}: a JSON object expected, got {type(data).__name__}")
-    return data
+    return _special_floats(data)
+
+
+_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(value):
+    """transformers 5 writes inf and NaN as ``{"__float__": "Infinity"}``: as floats."""
+    if isinstance(value, dict):
+        if len(value) == 1 and value.get("__float__") in _FLOATS:
+            return _FLOATS[value["__float__"]]
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
 
 
 def _read_json(path: str):

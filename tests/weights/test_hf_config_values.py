@@ -33,3 +33,19 @@ def test_an_expression_needs_only_the_keys_of_its_taken_branch():
 def test_a_param_none_of_whose_alternatives_gives_a_value_is_left_out():
     spec = _with_config({"n_heads": ["{absent_key}", "other_absent_key"]})
     assert params_from_metadata(spec, {"maxdecl.format": "hf", "num_heads": 8}) == {}
+
+
+def test_special_floats_of_transformers_5_read_as_floats(tmp_path):
+    """transformers 5 writes inf and NaN as {"__float__": "Infinity"} (Mamba-2's
+    time_step_limit): config.json gives floats; any other such dict stays as it is."""
+    import json
+    import math
+
+    from maxdecl.weights.hf import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "time_step_limit": [0.0, {"__float__": "Infinity"}], "low": {"__float__": "-Infinity"},
+        "odd": {"__float__": "bogus"}, "nested": {"a": [{"__float__": "NaN"}]}}))
+    cfg = read_hf_config(tmp_path)
+    assert cfg["time_step_limit"] == [0.0, math.inf] and cfg["low"] == -math.inf
+    assert cfg["odd"] == {"__float__": "bogus"} and math.isnan(cfg["nested"]["a"][0])
