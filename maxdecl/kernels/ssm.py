@@ -65,13 +65,14 @@ def _conv_run(args, attrs):
 
 @njit_twins()
 def _scan_rows(x, dt, a, bm, cm, dv, h, y, softplus):
-    # x, dt: (B, L, D); a: (D, N); bm, cm: (B, L, N); dv: (D,); h: (B, D, N) in/out
+    # x, dt: (B, L, D); a: (1 or B, D, N); bm, cm: (B, L, N); dv: (D,); h: (B, D, N) in/out
     # -> y: (B, L, D). One (batch, channel) pair per iteration; h[b, d] stays in a row.
     nb, seq, ch = x.shape
-    n = a.shape[1]
+    n = a.shape[2]
     for r in numba.prange(nb * ch):
         b = r // ch
         d = r % ch
+        ad = a[b % a.shape[0], d]
         hs = h[b, d]
         for t in range(seq):
             delta = dt[b, t, d]
@@ -80,27 +81,30 @@ def _scan_rows(x, dt, a, bm, cm, dv, h, y, softplus):
             xv = x[b, t, d]
             acc = np.float32(0.0)
             for i in range(n):
-                hs[i] = np.exp(delta * a[d, i]) * hs[i] + (delta * bm[b, t, i]) * xv
+                hs[i] = np.exp(delta * ad[i]) * hs[i] + (delta * bm[b, t, i]) * xv
                 acc += hs[i] * cm[b, t, i]
             y[b, t, d] = acc + dv[d] * xv
 
 
 def _scan_run(args, attrs):
     x, dt, a, bm, cm, dv, *rest = (_f32(v) for v in args)
-    ch, n = a.shape
+    ch, n = a.shape[-2:]
     lead, seq = x.shape[:-2], x.shape[-2]
     want_bc, want_h = (*lead, seq, n), (*lead, ch, n)
     if (x.shape[-1] != ch or dt.shape != x.shape or bm.shape != want_bc
+            or a.shape not in ((ch, n), want_h)
             or cm.shape != want_bc or (dv.ndim and dv.shape != (ch,))
             or (rest and rest[0].shape != want_h)):
         shapes = ", ".join(format_shape(v.shape) for v in args)
         raise ValueError(f"selective_scan: inputs {shapes}: expected x, dt [..., seq, {ch}], "
-                         f"A [{ch}, {n}], B, C {format_shape(want_bc)}, D [{ch}], "
+                         f"A [{ch}, {n}] or {format_shape(want_h)}, B, C "
+                         f"{format_shape(want_bc)}, D [{ch}], "
                          f"state {format_shape(want_h)}")
     h = (rest[0].copy() if rest else np.zeros(want_h, np.float32)).reshape(-1, ch, n)
     x3 = x.reshape(-1, seq, ch)
     y = np.empty_like(x3)
-    pick(_scan_rows, x3.size * n)(x3, dt.reshape(x3.shape), a, bm.reshape(-1, seq, n),
+    pick(_scan_rows, x3.size * n)(x3, dt.reshape(x3.shape), a.reshape(-1, ch, n),
+                                  bm.reshape(-1, seq, n),
                                   cm.reshape(-1, seq, n), np.broadcast_to(dv, (ch,)).copy(),
                                   h, y, bool(attrs["dt_softplus"]))
     y = y.reshape(x.shape)

@@ -98,9 +98,11 @@ def _scan_rule(types, attrs):
     *lead, seq, ch = x.shape
     if not _same_dims(dt.shape, x.shape):
         raise ValueError(f"dt{format_shape(dt.shape)} must have x's shape {format_shape(x.shape)}")
-    if a.rank != 2 or not _checks.dims_equal(a.shape[0], ch):
-        raise ValueError(f"A{format_shape(a.shape)} must be [{ch}, N] (N state dims per channel)")
-    n = a.shape[1]
+    if a.rank not in (2, x.rank) or not _checks.dims_equal(a.shape[-2], ch) or (
+            a.rank > 2 and not _same_dims(a.shape[:-2], tuple(lead))):
+        raise ValueError(f"A{format_shape(a.shape)} must be [{ch}, N] (N state dims per "
+                         f"channel) or {format_shape((*lead, ch, 'N'))} (one per batch entry)")
+    n = a.shape[-1]
     for v, what in ((b, "B"), (c, "C")):
         if not _same_dims(v.shape, (*lead, seq, n)):
             raise ValueError(f"{what}{format_shape(v.shape)} must be "
@@ -124,7 +126,8 @@ define("selective_scan", rule=_scan_rule, run="ssm", inputs=("x", "dt", "A", "B"
        normalize=lambda attrs: {"dt_softplus": bool(attrs["dt_softplus"])},
        doc="Mamba-1 selective scan: h = exp(dt * A) * h + dt * B_t * x_t, y_t = C_t . h + "
            "D * x_t per channel, h from state (zeros without it)",
-       rule_doc="x, dt float32 [..., seq, D], A [D, N], B, C [..., seq, N], D [D] or scalar, "
+       rule_doc="x, dt float32 [..., seq, D], A [D, N] or [..., D, N], B, C [..., seq, N], "
+                "D [D] or scalar, "
                 "state [..., D, N] -> y [..., seq, D] (and the new state)")
 
 
@@ -138,7 +141,9 @@ def selective_scan(x, dt, A, B, C, D, state=None, dt_softplus=False):  # noqa: N
         y[t, d] = sum_n C[t, n] * h[d, n] + D[d] * x[t, d]
 
     ``h`` starts as ``state [..., D, N]`` (zeros when None); with a state, returns
-    ``(y, new_state)``.
+    ``(y, new_state)``. ``A`` may also be ``[..., D, N]``, one per batch entry of x:
+    Mamba-2's heads as a batch axis (``[G, seq, head_dim]`` per group of heads sharing B
+    and C) each keep their own decay.
 
     Example::
 

@@ -121,3 +121,25 @@ def test_scalar_bias_and_d(rng):
     out = run_op(lambda x_, t_, a_, b_, c_, h_: md.ops.selective_scan(x_, t_, a_, b_, c_, 0.5, h_)[0],
                  xs, np.abs(dt), a, b, c, h0)
     close(out, ref, atol=1e-5)
+
+
+def test_selective_scan_takes_an_a_per_batch_entry(rng):
+    """A [B, D, N] (Mamba-2's heads as a batch axis, each its own decay): each entry as
+    torch's recurrence with that entry's A, and bit for bit what a scan of that entry
+    alone gives; an A whose batch dims are not x's is refused."""
+    x, dt, _, b, c, d, h0 = scan_inputs(rng, bsz=3)
+    dt = np.abs(dt)
+    a = -np.exp(rng.standard_normal((3, 5, 4))).astype(np.float32)
+    y, h = run_op(md.ops.selective_scan, x, dt, a, b, c, d, h0)
+    for i in range(3):
+        ref_y, ref_h = torch_selective_scan(x[i:i + 1], dt[i:i + 1], a[i], b[i:i + 1],
+                                            c[i:i + 1], d, h0[i:i + 1], False)
+        close(y[i:i + 1], ref_y, atol=1e-5)
+        close(h[i:i + 1], ref_h, atol=1e-5)
+        yi, hi = run_op(md.ops.selective_scan, x[i:i + 1], dt[i:i + 1], a[i:i + 1],
+                        b[i:i + 1], c[i:i + 1], d, h0[i:i + 1])
+        assert yi.tobytes() == y[i:i + 1].tobytes() and hi.tobytes() == h[i:i + 1].tobytes()
+    g = md.Graph("t", [md.TensorType("float32", s) for s in
+                       ((3, 7, 5), (3, 7, 5), (2, 5, 4), (3, 7, 4), (3, 7, 4), (5,))])
+    with pytest.raises(md.GraphError, match=r"A\[2, 5, 4\] must be \[5, N\]"):
+        md.ops.selective_scan(*g.inputs)
