@@ -74,6 +74,7 @@ class CompiledGraph:
         self.input_types = [v.type for v in graph.inputs]
         self.input_dims = [_dim_kinds(t) for t in self.input_types]
         self.input_names = [v.name for v in graph.inputs]
+        self._inputs = list(graph.inputs)
         self.output_names = list(graph.output_names)
         self.weights = weights
         weight_nodes = [n for n in graph.nodes if n.op == "weight"]
@@ -206,6 +207,7 @@ def _check_batch(compiled, arrays, rows) -> list:
     per = set()
     for i, a in enumerate(arrays):
         if isinstance(a, PerSequence):
+            _check_state_readers(compiled, i)
             per.add(i)
             label = compiled.input_names[i] or f"input {i}"
             if len(a) != len(rows):
@@ -216,6 +218,27 @@ def _check_batch(compiled, arrays, rows) -> list:
                 _bind_one(compiled, i, each, {})
     bind_inputs(compiled, arrays, skip=per)
     return rows
+
+
+def _check_state_readers(compiled, i) -> None:
+    """GraphError when graph input ``i``, a state given per sequence, is read by a node
+    other than through its op's state input (a ``reshape`` of the cache, say): in a
+    batched run only the state op reads one array per sequence."""
+    seen = compiled.__dict__.setdefault("_state_ok", set())
+    if i in seen:
+        return
+    value = compiled._inputs[i]
+    for node in compiled._nodes:
+        opdef = _registry.REGISTRY.get(node.op)
+        names = list(opdef.inputs) + list(opdef.optional) if opdef is not None else []
+        for k, v in enumerate(node.inputs):
+            if v is value and (k >= len(names) or names[k] not in opdef.state):
+                label = compiled.input_names[i] or f"input {i}"
+                raise GraphError(f"{node.where()}: reads the state {label!r} "
+                                 "directly; in a batched run (rows=) a state is one array "
+                                 "per sequence, read only by its op's state input: take "
+                                 "what else you need (a shape, say) from another value")
+    seen.add(i)
 
 
 def _bind_weight(node, weights):

@@ -130,3 +130,22 @@ def test_prompt_lookup_gives_exactly_the_plain_greedy_ids(compiled, lookup):
     assert [r.ids for r in got] == alone
     assert sum(r.drafted for r in got) > 0
     assert all(0 <= r.accepted <= r.drafted for r in got)
+
+
+def test_a_state_read_by_another_op_is_refused_by_name_in_a_batched_run():
+    """In a batched run a state is one array per sequence: a graph that also reads its
+    KV cache with a plain op (a reshape, for the shape) gets a GraphError naming the node
+    and the state, not an AttributeError from inside the op."""
+    g = md.Graph("s", [md.TensorType("float32", ("seq", 2, 4)),
+                       md.TensorType("float32", (2, "past", 2, 4))],
+                 input_names=["x", "kv_cache"])
+    with g.layer("attn"):
+        y, cache = md.ops.attention(*(g.inputs[0],) * 3, g.inputs[1])
+        peek = md.ops.reshape(g.inputs[1], shape=[-1])
+    g.output(y, cache, peek)
+    c = md.compile(g)
+    x = np.ones((2, 2, 4), np.float32)
+    caches = PerSequence([np.zeros((2, 0, 2, 4), np.float32)] * 2)
+    with pytest.raises(md.GraphError, match=r"attn: reshape: reads the state 'kv_cache'"):
+        c(x, caches, rows=[1, 1])
+    assert len(c(x, np.zeros((2, 0, 2, 4), np.float32))) == 3      # one sequence: fine
