@@ -26,6 +26,7 @@ import sys
 
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor
+from ..weights.for_spec import metadata_constant
 
 __all__ = ["export_gguf", "gguf_metadata", "export_cli"]
 
@@ -63,8 +64,11 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td, file_type=None) -> 
     out.setdefault("general.name", str(source_meta.get("general.name") or spec.name))
     written = set()
     for name, key in dict(section.get("metadata", {}) or {}).items():
-        key = (key[0] if isinstance(key, list) else key)
-        key = str(key).replace("{arch}", arch)
+        names = [k for k in (key if isinstance(key, list) else [key])
+                 if metadata_constant(k) is None]
+        if not names:
+            continue
+        key = str(names[0]).replace("{arch}", arch)
         value = _metadata_param(params.get(name))
         if value is None or key in written:
             continue                  # the first param mapped to a key wins

@@ -47,6 +47,10 @@ def params_from_metadata(spec, meta: dict) -> dict:
         keys = dict(section.get("metadata", {}) or {})
         for name, key in keys.items():
             for k in key if isinstance(key, list) else [key]:
+                const = metadata_constant(k)
+                if const is not None:           # llama.cpp's default when no key is there
+                    out[name] = const[0]
+                    break
                 k = str(k).replace("{arch}", str(arch))
                 if k in meta:
                     count = spec.params.get(name)
@@ -74,6 +78,21 @@ def params_from_metadata(spec, meta: dict) -> dict:
     out = {k: v for k, v in out.items() if k in spec.params}
     refuse_unsupported(spec, fmt, section, out)
     return out
+
+
+def metadata_constant(alt):
+    """``(value,)`` when a ``gguf.metadata`` alternative is a constant ``"{expr}"`` (the
+    value llama.cpp assumes when the file has no key: ``"{[]}"``, ``"{False}"``), else
+    None for a key name (``"{arch}.x"`` is a key)."""
+    if not isinstance(alt, str) or "{arch}" in alt or not is_template(alt):
+        return None
+    parts = split_template(alt)
+    if len(parts) != 1 or not parts[0][0]:
+        return None
+    try:
+        return (evaluate(parts[0][1], {}),)
+    except ExprError as e:
+        raise WeightsError(f"gguf.metadata alternative {alt!r}: {e}") from None
 
 
 def _metadata_value(key: str, v, as_list: bool):

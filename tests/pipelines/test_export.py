@@ -327,3 +327,28 @@ def test_a_huge_metadata_array_for_a_list_param_is_refused(tmp_path):
         params_from_metadata(s, {**meta, "perlayer.scales": big})
     assert params_from_metadata(s, {**meta, "perlayer.block_count": big})["n_layers"] == \
         budgets.MAX_VALUE_SIZE + 1
+
+
+def test_a_constant_alternative_in_gguf_metadata_is_the_files_default(tmp_path):
+    """``["{arch}.scales", "{[2.0, 3.0]}"]``: a file with the key gives its value, one
+    without gives the constant (llama.cpp's default), not the variant's; export writes
+    the key, never the constant."""
+    from maxdecl.weights.for_spec import params_from_metadata
+
+    spec = tmp_path / "perlayer.yaml"
+    spec.write_text(PER_LAYER_SPEC.replace('scales: "{arch}.scales"',
+                                           'scales: ["{arch}.scales", "{[2.0, 3.0]}"]'))
+    assert md.validate_spec(spec) == []
+    s = md.load_spec(str(spec))
+    meta = {"maxdecl.format": "gguf", "general.architecture": "perlayer"}
+    assert params_from_metadata(s, meta)["scales"] == [2.0, 3.0]
+    assert params_from_metadata(s, {**meta, "perlayer.scales": np.array([1.0, 4.0])}
+                                )["scales"] == [1.0, 4.0]
+    td = md.random_weights(str(spec), "other", seed=3)
+    src, out = tmp_path / "o.safetensors", tmp_path / "o.gguf"
+    md.checkpoint.save(td, str(src))
+    assert main(["export", str(src), "--spec", str(spec), "--variant", "other",
+                 "-o", str(out)]) == 0
+    fields = {f.name: f for f in GGUFReader(str(out)).fields.values()}
+    assert fields["perlayer.scales"].contents() == [1.5, 0.25]
+    assert not [k for k in fields if "{" in k]
