@@ -305,6 +305,28 @@ def _add_tokenizer(writer, vocab: int):
     writer.add_eos_token_id(2)
 
 
+def with_tokenizer(src, dst, vocab: int) -> str:
+    """A copy of the GGUF ``src`` (its architecture, keys and tensors) with the test
+    tokenizer added: llama.cpp loads no GGUF without one, and ``maxdecl export`` of a
+    Hugging Face folder without tokenizer files writes none."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for f in r.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            w.add_key_value(f.name, f.contents(), f.types[0])
+    _add_tokenizer(w, vocab)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(dst)
+
+
 def gguf_writer(path, arch: str, cfg):
     """A gguf.GGUFWriter for ``arch`` with the hyperparameters every decoder's converter
     writes, from a transformers config's standard names (context, width, layers, FFN

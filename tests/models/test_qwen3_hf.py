@@ -26,7 +26,8 @@ from maxdecl.pipelines.model_loading import params_from_metadata
 from modelhelp import (LLAMA_LAYERS, TOL, _add_tokenizer, _write, assert_greedy_matches_hf,
                        assert_logits_match, compare, gguf_writer, hf_case, hf_logits, hf_params,
                        hf_state, layer_tensors, llama_cpp_logits, q8_0, q8_0_dequantized,
-                       randomize, spec_path, tiny_model, token_ids, with_hf_config)
+                       randomize, spec_path, tiny_model, token_ids, with_hf_config,
+                       with_tokenizer)
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -393,24 +394,6 @@ def test_qwen3_export_round_trip(untied, windowed, gguf_files, tmp_path):
     assert pre <= TOL and dec <= TOL
 
 
-def _with_tokenizer(src, dst, vocab) -> str:
-    """A copy of the GGUF ``src`` with the test tokenizer (llama.cpp needs one)."""
-    import gguf
-
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), "qwen3")
-    for f in r.fields.values():
-        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
-            w.add_key_value(f.name, f.contents(), f.types[0])
-    _add_tokenizer(w, vocab)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(dst)
-
 
 @pytest.mark.parametrize("case", ["untied", "tied", "exported"])
 def test_llama_cpp_runs_the_qwen3_gguf_with_the_reference_logits(case, untied, tied, gguf_files,
@@ -420,7 +403,7 @@ def test_llama_cpp_runs_the_qwen3_gguf_with_the_reference_logits(case, untied, t
     llama_cpp = pytest.importorskip("llama_cpp")
     model, hf_dir, ids, ref = untied if case != "tied" else tied
     if case == "exported":
-        path = _with_tokenizer(_export(hf_dir, tmp_path / "exported.gguf"),
+        path = with_tokenizer(_export(hf_dir, tmp_path / "exported.gguf"),
                                tmp_path / "exported_tok.gguf", model.config.vocab_size)
     else:
         path = gguf_files[case]

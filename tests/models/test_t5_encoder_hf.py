@@ -22,7 +22,7 @@ import pytest
 import maxdecl as md
 from archhelp import TOL as TOL_ENC          # 1e-5 of max|ref|, the encoders' bound
 from modelhelp import TOL, _add_tokenizer, _write, hf_state, randomize, rel_err, save_hf
-from modelhelp import spec_path
+from modelhelp import spec_path, with_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -252,24 +252,6 @@ def _export(src, out) -> str:
     return str(out)
 
 
-def _with_tokenizer(src, dst, vocab) -> str:
-    """A copy of the GGUF ``src`` with the test tokenizer (llama.cpp needs one)."""
-    import gguf
-
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), "t5encoder")
-    for f in r.fields.values():
-        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
-            w.add_key_value(f.name, f.contents(), f.types[0])
-    _add_tokenizer(w, vocab)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(dst)
-
 
 def test_export_round_trip(case, tmp_path):
     """``maxdecl export`` of the HF folder writes the converter's tensors and the keys
@@ -309,7 +291,7 @@ def test_llama_cpp_runs_the_ggufs_with_hf_states(case, tmp_path):
             refs = [hf_hidden(model, ids) for ids in seqs]
         finally:
             attn.relative_attention_max_distance = far
-    exported = _with_tokenizer(_export(path, tmp_path / "exported.gguf"),
+    exported = with_tokenizer(_export(path, tmp_path / "exported.gguf"),
                                tmp_path / "exported_tok.gguf", VOCAB)
     for gg in (t5_to_gguf(model, tmp_path / "conv.gguf"), exported):
         errs = [rel_err(llama_cpp_hidden(llama_cpp, gg, ids), ref) for ids, ref in zip(seqs, refs)]
