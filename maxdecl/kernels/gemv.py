@@ -207,7 +207,9 @@ def _f16_splat(builder, bp, off, lanes):
     word is broadcast first and all lanes converted (vpbroadcastw + vcvtph2ps): a scalar
     convert makes LLVM insert the word into whatever vector register is free
     (``vpinsrw``), which ties the decode of a block to that register's last writer,
-    sometimes an accumulator (measured: q4_0 with four chains 56 ps a weight against 36)."""
+    sometimes an accumulator (measured: q4_0 with four accumulator chains, one thread,
+    56 ps a weight against 31). Same bits. Gemma 3 270M decode, old and new alternating
+    in separate processes, 9 runs each: median 93.7 -> 101.7 tokens/s."""
     if _target_has("f16c"):
         h = _ir_load(builder, bp, off, ir.IntType(16))
         hv = _ir_splat(builder, h, lanes)
@@ -675,19 +677,6 @@ _row_q6_k = row_intrinsic("q6_k")
 # take one.
 WROWS_Q4_K = 2
 _rows_q4_k = row_intrinsic("q4_k", wrows=WROWS_Q4_K)
-# q4_0, q8_0 and q6_k take two weight rows a call for one row of x when a row is short
-# (at most SHORT_ROW_BYTES: K = 640 or 768, Gemma's layers and its output head): per-row
-# costs (the call, the horizontal sums, the prefetch ramp) are shared, and two short
-# neighbouring rows are one stream. Measured, 2 threads, variants interleaved in one
-# process (GB/s of W, one row -> two): q4_0 262144 x 640 22.1-25.0 -> 27.6-28.3, 2048 x
-# 640 25.4-26.2 -> 28.1-29.2; q8_0 1024 x 640 41.0-45.4 -> 50.7-51.1; q6_k 1024 x 768
-# 27.3-30.7 -> 33.1-33.2. Long rows (4096 x 14336) measured slower for all three (q4_0
-# 29.8-31.0 -> 21.4-22.0), q5_0 even at K = 640.
-WROWS_SHORT = 2
-SHORT_ROW_BYTES = 1024
-_rows_q4_0 = row_intrinsic("q4_0", wrows=WROWS_SHORT)
-_rows_q8_0 = row_intrinsic("q8_0", wrows=WROWS_SHORT)
-_rows_q6_k = row_intrinsic("q6_k", wrows=WROWS_SHORT)
 # x rows longer in all than X_TILE_BYTES no longer stay in L1 beside the streamed weights
 # (8 rows of K = 14336: 458 KB, read again for every weight row). The tiled kernels walk
 # TILE_ROWS weight rows a piece of K at a time, each piece of x (X_PIECE_BYTES in all)
@@ -730,19 +719,9 @@ def _gemv_bf16(x, w, out):
 # decode step would compile at start-up.
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q4_0(x, ws, offs, out):
-    if x.shape[0] == 1 and ws[0].shape[1] <= SHORT_ROW_BYTES:
-        for b in numba.prange(_blocks(offs, WROWS_SHORT)):
-            c, g = _block_start(offs, b, WROWS_SHORT)
-            if c + WROWS_SHORT <= offs[g + 1]:
-                _rows_q4_0(ws[g], c - offs[g], x, out, c)
-            else:
-                for c in range(c, min(c + WROWS_SHORT, offs[-1])):
-                    g = _segment(offs, c)
-                    _row_q4_0(ws[g], c - offs[g], x, out, c)
-    else:
-        for c in numba.prange(offs[-1]):
-            g = _segment(offs, c)
-            _row_q4_0(ws[g], c - offs[g], x, out, c)
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_q4_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
@@ -754,19 +733,9 @@ def _group_q5_0(x, ws, offs, out):
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q8_0(x, ws, offs, out):
-    if x.shape[0] == 1 and ws[0].shape[1] <= SHORT_ROW_BYTES:
-        for b in numba.prange(_blocks(offs, WROWS_SHORT)):
-            c, g = _block_start(offs, b, WROWS_SHORT)
-            if c + WROWS_SHORT <= offs[g + 1]:
-                _rows_q8_0(ws[g], c - offs[g], x, out, c)
-            else:
-                for c in range(c, min(c + WROWS_SHORT, offs[-1])):
-                    g = _segment(offs, c)
-                    _row_q8_0(ws[g], c - offs[g], x, out, c)
-    else:
-        for c in numba.prange(offs[-1]):
-            g = _segment(offs, c)
-            _row_q8_0(ws[g], c - offs[g], x, out, c)
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_q8_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
@@ -788,19 +757,9 @@ def _group_q4_k(x, ws, offs, out):
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q6_k(x, ws, offs, out):
-    if x.shape[0] == 1 and ws[0].shape[1] <= SHORT_ROW_BYTES:
-        for b in numba.prange(_blocks(offs, WROWS_SHORT)):
-            c, g = _block_start(offs, b, WROWS_SHORT)
-            if c + WROWS_SHORT <= offs[g + 1]:
-                _rows_q6_k(ws[g], c - offs[g], x, out, c)
-            else:
-                for c in range(c, min(c + WROWS_SHORT, offs[-1])):
-                    g = _segment(offs, c)
-                    _row_q6_k(ws[g], c - offs[g], x, out, c)
-    else:
-        for c in numba.prange(offs[-1]):
-            g = _segment(offs, c)
-            _row_q6_k(ws[g], c - offs[g], x, out, c)
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_q6_k(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
