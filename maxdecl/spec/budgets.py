@@ -32,6 +32,9 @@ MAX_VALUE_SIZE = 1_000_000      # characters of a string / elements of a list, n
                                 # counted (also the text a template renders to)
 MAX_VALUE_DEPTH = 32            # nesting of lists in a value
 MAX_FORMAT_WIDTH = 1_000        # width and precision in '%8.3f' % x
+MAX_ITERATIONS = 65_536         # list-comprehension iterations in one expression, nested
+                                # ones counted; each also charges ITERATION_COST to the check
+ITERATION_COST = 4
 
 # -- a whole check --------------------------------------------------------------------
 MAX_TOTAL_SIZE = 4_000_000      # sum of the sizes of every evaluated value
@@ -180,6 +183,14 @@ def check_value(v):
     if m is not None:
         m.charge(n)
     return v
+
+
+def charge(n: int) -> None:
+    """Charge ``n`` units of work to the running check, if any; ExprError past
+    MAX_TOTAL_SIZE."""
+    m = _METER.get()
+    if m is not None:
+        m.charge(n)
 
 
 def check_binop(op: str, a, b) -> None:

@@ -7,6 +7,8 @@ node types; nothing is ever passed to ``eval``. Supported:
 * names: hyperparameters, derived params, loop indices, block params;
 * ``+ - * / // % **``, unary ``- + not``, comparisons (chained), ``and``/``or``,
   ``x if c else y``, subscripts (``sizes[0]``);
+* list comprehensions over lists, strings and dicts (``[n if t == "attn" else 0 for t
+  in layer_types]``), at most MAX_ITERATIONS iterations per evaluation;
 * calls of whitelisted functions only (see ``FUNCTIONS``).
 
 A whole-string expression ``"{expr}"`` keeps its type (int, float, list, None);
@@ -23,6 +25,8 @@ Example::
 from __future__ import annotations
 
 import ast
+import collections
+import contextvars
 import functools
 import math
 import operator
@@ -137,7 +141,8 @@ _SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv
 
 _ALLOWED = (
     ast.Constant, ast.Name, ast.Load, ast.List, ast.Tuple, ast.BinOp, ast.UnaryOp,
-    ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript, ast.Call,
+    ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript, ast.Call, ast.ListComp,
+    ast.comprehension, ast.Store,
     *(op for op in (*_BINOPS, *_UNARY, *_CMP, ast.And, ast.Or)),
 )
 
@@ -167,6 +172,11 @@ def parse(text: str) -> ast.AST:
             fname = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
             raise ExprError(f"unknown function {fname!r} in {text.strip()!r} (allowed: "
                             f"{', '.join(sorted(FUNCTIONS))})")
+        if isinstance(node, ast.comprehension) and (
+                node.is_async or not all(isinstance(n, (ast.Name, ast.Tuple, ast.Store))
+                                         for n in ast.walk(node.target))):
+            raise ExprError(f"{text.strip()!r}: a comprehension binds names only "
+                            f"(`for x in xs`, `for a, b in pairs`)")
     return tree
 
 
@@ -182,11 +192,14 @@ def _check_depth(tree) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def names(text: str) -> frozenset:
-    """Variable names an expression reads (function names excluded)."""
+    """Variable names an expression reads (function names and the names a comprehension
+    binds excluded)."""
     tree = parse(text)
     funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    bound = {n.id for c in ast.walk(tree) if isinstance(c, ast.comprehension)
+             for n in ast.walk(c.target) if isinstance(n, ast.Name)}
     return frozenset(n.id for n in ast.walk(tree)
-                     if isinstance(n, ast.Name) and id(n) not in funcs)
+                     if isinstance(n, ast.Name) and id(n) not in funcs and n.id not in bound)
 
 
 def evaluate(text: str, env: dict, strict: bool = True):
@@ -200,6 +213,7 @@ def evaluate(text: str, env: dict, strict: bool = True):
         if name not in env:
             raise ExprError(f"undefined name {name!r} in {text.strip()!r}" + _hint(name, env))
     tree = parse(text)
+    token = _ITERATIONS.set([0])
     try:
         budgets.check_budget()
         return budgets.check_value(_eval(tree, env, text))
@@ -207,6 +221,60 @@ def evaluate(text: str, env: dict, strict: bool = True):
         if text.strip() in str(e):
             raise
         raise ExprError(f"{text.strip()!r}: {e}") from None
+    finally:
+        _ITERATIONS.reset(token)
+
+
+# comprehension iterations of the running evaluation (a one-element list)
+_ITERATIONS: contextvars.ContextVar = contextvars.ContextVar("maxdecl_expr_iterations",
+                                                             default=None)
+
+
+def _comprehension(node, env, text):
+    """``[elt for target in iter if cond ...]``: each generator's names bound in a scope
+    over ``env``; at most MAX_ITERATIONS iterations in one evaluation, nested ones
+    counted, each charged to the running check."""
+    out, size = [], [0]
+    count = _ITERATIONS.get() or [0]
+
+    def run(gens, scope):
+        if not gens:
+            v = _eval(node.elt, scope, text)
+            size[0] += 1 + (budgets.size_of(v) if isinstance(v, (list, tuple, str)) else 0)
+            if size[0] > budgets.MAX_VALUE_SIZE:
+                raise ExprError(f"{text.strip()!r}: the list is longer than "
+                                f"{budgets.MAX_VALUE_SIZE:,} elements (MAX_VALUE_SIZE)")
+            out.append(v)
+            return
+        gen = gens[0]
+        items = _eval(gen.iter, scope, text)
+        if not isinstance(items, (list, tuple, str, dict)):
+            raise ExprError(f"{text.strip()!r}: a comprehension runs over a list, string or "
+                            f"dict, not {type(items).__name__}")
+        for item in items:
+            count[0] += 1
+            if count[0] > budgets.MAX_ITERATIONS:
+                raise ExprError(f"{text.strip()!r}: comprehensions run more than "
+                                f"{budgets.MAX_ITERATIONS:,} iterations (MAX_ITERATIONS)")
+            budgets.charge(budgets.ITERATION_COST)
+            inner = collections.ChainMap(_bind(gen.target, item, text), scope)
+            if all(_eval(c, inner, text) for c in gen.ifs):
+                run(gens[1:], inner)
+
+    run(node.generators, env)
+    return _sized(out)
+
+
+def _bind(target, value, text) -> dict:
+    if isinstance(target, ast.Name):
+        return {target.id: value}
+    if not isinstance(value, (list, tuple)) or len(value) != len(target.elts):
+        raise ExprError(f"{text.strip()!r}: cannot unpack {value!r} into "
+                        f"{len(target.elts)} names")
+    out = {}
+    for t, v in zip(target.elts, value):
+        out.update(_bind(t, v, text))
+    return out
 
 
 def _eval(node, env, text):
@@ -220,6 +288,8 @@ def _eval(node, env, text):
         raise ExprError(f"undefined name {node.id!r} in {text.strip()!r}" + _hint(node.id, env))
     if isinstance(node, (ast.List, ast.Tuple)):
         return _sized([_eval(e, env, text) for e in node.elts])
+    if isinstance(node, ast.ListComp):
+        return _comprehension(node, env, text)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         a, b = _eval(node.left, env, text), _eval(node.right, env, text)
         budgets.check_binop(_SYMBOL[type(node.op)], a, b)

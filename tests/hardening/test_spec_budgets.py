@@ -36,6 +36,9 @@ ENV = {"x": "a" * 1000, "n": 4, "big": 2**4000}
     ("-" * 100 + "1", "MAX_EXPR_DEPTH"),
     ("1 + " * 700 + "1", "MAX_EXPR_CHARS"),
     ("(-8) ** 0.5", "complex"),
+    ("[i for i in range(65537)]", "MAX_ITERATIONS"),
+    ("[[j for j in range(1000)] for i in range(1000)]", "MAX_ITERATIONS"),
+    ("[x for i in range(2000)]", "MAX_VALUE_SIZE"),
 ])
 def test_expression_limits(text, limit):
     t0 = time.perf_counter()
@@ -50,6 +53,16 @@ def test_limits_allow_ordinary_values():
     assert len(evaluate("[0] * 1000000", {})) == 1_000_000
     assert len(evaluate("alibi_slopes(64)", {})) == 64
     assert evaluate("round(1234, -2)", {}) == 1200
+
+
+def test_comprehensions_charge_the_whole_check():
+    """Each comprehension stays under MAX_ITERATIONS, but together they are charged to
+    the check's MAX_TOTAL_SIZE, so a spec of many of them still stops early."""
+    t0 = time.perf_counter()
+    with budgets.metered(), pytest.raises(ExprError, match="MAX_TOTAL_SIZE"):
+        for k in range(100):
+            evaluate(f"[i + {k} for i in range(60000)]", {})
+    assert time.perf_counter() - t0 < 10.0
 
 
 def test_value_depth():

@@ -237,3 +237,34 @@ def test_lfm2_gguf_runs_in_llama_cpp(lfm2, tmp_path):
     path = with_tokenizer(src, tmp_path / "lfm2_tok.gguf", model.config.vocab_size)
     theirs = llama_cpp_logits(llama_cpp, path, ids)
     assert rel_err(theirs, ref) <= 5e-3
+
+
+def test_lfm2_export_writes_the_per_layer_kv_heads(lfm2, tmp_path):
+    """`maxdecl export` of the HF folder writes llama.cpp's per-layer head_count_kv (0 on
+    conv layers, worked out from layer_types by a list comprehension in hf.config), so
+    maxdecl and llama.cpp (when installed) run the export with transformers' logits."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    model, path, ids, ref = lfm2
+    out = tmp_path / "export.gguf"
+    subprocess.run([sys.executable, "-m", "maxdecl", "export", path, "--spec",
+                    spec_path("lfm2"), "--variant", "tiny", "-o", str(out)],
+                   check=True, capture_output=True)
+    fields = gguf.GGUFReader(str(out)).fields
+    want = [0 if t == "conv" else model.config.num_key_value_heads
+            for t in model.config.layer_types]
+    assert list(fields["lfm2.attention.head_count_kv"].contents()) == want
+    g_model = md.load_model(spec_path("lfm2"), str(out), variant="tiny")
+    pre, dec = compare(g_model, ref, ids)
+    assert pre <= TOL and dec <= TOL
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    from modelhelp import llama_cpp_logits, with_tokenizer
+
+    tok = with_tokenizer(str(out), tmp_path / "export_tok.gguf", model.config.vocab_size)
+    assert rel_err(llama_cpp_logits(llama_cpp, tok, ids), ref) <= 5e-3

@@ -32,6 +32,12 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("range(3)", [0, 1, 2]),
     ("range(n_heads // 8, 10, 3)", [4, 7]),
     ("round(sin(0.5) ** 2 + cos(0.5) ** 2, 9)", 1.0),
+    ("[s * n_heads for s in sizes if s != 2]", [32, 96]),
+    ("[a * b for a, b in [[1, 2], [3, 4]]]", [2, 12]),
+    ("[i + j for i in range(3) for j in range(i)]", [1, 2, 3]),
+    ("[k for k in cfg]", ["a"]),
+    ("[i for i in sizes] + [i]", [1, 2, 3, 5]),            # the loop's i shadows only inside
+    ("[[d for d in range(r)] for r in sizes][2]", [0, 1, 2]),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
@@ -41,7 +47,14 @@ def test_evaluates(text, want):
     ("__import__('os').system('ls')", "unknown function"),
     ("dim.__class__", "Attribute is not allowed"),
     ("(lambda: 1)()", "unknown function"),
-    ("[x for x in sizes]", "ListComp is not allowed"),
+    ("{x for x in sizes}", "SetComp is not allowed"),
+    ("{x: 1 for x in sizes}", "DictComp is not allowed"),
+    ("(x for x in sizes)", "GeneratorExp is not allowed"),
+    ("[x for x in dim]", "runs over a list, string or dict, not int"),
+    ("[x for x.y in sizes]", "binds names only"),
+    ("[x for sizes[0] in sizes]", "binds names only"),
+    ("[a for a, b in sizes]", "cannot unpack 1 into 2 names"),
+    ("[y for x in sizes]", "undefined name 'y'"),
     ("open('/etc/passwd')", "unknown function 'open'"),
     ("dimm + 1", "did you mean 'dim'?"),
     ("1 if True else nope", "undefined name 'nope'"),
@@ -59,6 +72,13 @@ def test_refuses(text, fragment):
     with pytest.raises(ExprError) as e:
         evaluate(text, ENV)
     assert fragment in str(e.value)
+
+
+def test_names_of_a_comprehension_are_its_free_names():
+    from maxdecl.spec.expr import names
+
+    assert names("[n if t != 'conv' else 0 for t in layer_types]") == {"n", "layer_types"}
+    assert names("[i * j for i in range(k) for j in range(i)]") == {"k"}
 
 
 def test_render_keeps_type_of_whole_expressions_and_interpolates_parts():
