@@ -137,5 +137,8 @@ def _message(err) -> str:
         return f"expected {kind} >= {val}, got {inst!r}" + (f" ({_short(desc)})"
                                                                if len(desc) < 60 else "")
     if v in ("minItems", "minProperties", "minLength"):
-        return f"expected at least {val} item{'s' if val != 1 else ''}, got none"
+        n = len(inst) if isinstance(inst, (list, dict, str)) else 0
+        what = "character" if v == "minLength" else "item"
+        return (f"expected at least {val} {what}{'s' if val != 1 else ''}, got "
+                f"{n or 'none'}")
     return err.message

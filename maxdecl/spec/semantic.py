@@ -844,13 +844,22 @@ def format_map_entries(spec: Spec):
             continue
         tensors = section.get("tensors")
         for target in (tensors.values() if isinstance(tensors, dict) else ()):
-            if isinstance(target, str) and target:
-                rx = re.compile(_target_regex(target))
-                yield fmt, "tensors", target, rx.fullmatch
+            for one in _map_targets(target):
+                rx = re.compile(_target_regex(one))
+                yield fmt, "tensors", one, rx.fullmatch
         transforms = section.get("transforms")
         for glob in (transforms if isinstance(transforms, dict) else ()):
             yield (fmt, "transforms", glob,
                    lambda name, g=str(glob): fnmatch.fnmatchcase(name, g))
+
+
+def _map_targets(target) -> list:
+    """The spec weight names of one ``tensors`` entry: its string, or its split's list."""
+    if isinstance(target, str):
+        return [target] if target else []
+    if isinstance(target, dict) and isinstance(target.get("split"), list):
+        return [t for t in target["split"] if isinstance(t, str) and t]
+    return []
 
 
 def _target_regex(target: str) -> str:
@@ -873,7 +882,7 @@ def format_map_problems(spec: Spec, map_hits: set) -> list[RawProblem]:
         if (fmt, kind, key) not in map_hits:
             if kind == "tensors":
                 tensors = spec.formats[fmt]["tensors"]
-                source = next(s for s, t in tensors.items() if t == key)
+                source = next(s for s, t in tensors.items() if key in _map_targets(t))
                 ptr = f"/formats/{pointer_escape(fmt)}/tensors/{pointer_escape(str(source))}"
                 msg = f"tensors: target {key!r} names no weight of the spec in any variant"
                 pos = nearest_mark(spec.marks, ptr)

@@ -12,6 +12,16 @@ A spec declares, per foreign format, a name mapping and transforms::
       "blk.*.attn_k.weight": {permute_qk: n_kv_heads}
       "blk.*.attn_norm.weight": {add: 1.0}
 
+A target may also be ``{split: [target, ...], axis: a, sizes: [...]}``: the source
+is cut along ``axis`` (default 0) into consecutive parts, equal ones or of ``sizes``
+(ints or param names, one may be -1: the rest), one per target, as transformers 5
+saves an MoE's gate and up projections as one ``gate_up_proj [E, 2F, D]``::
+
+      "model.layers.{i}.mlp.experts.gate_up_proj":
+        {split: ["blk.{i}.ffn_gate_exps.weight", "blk.{i}.ffn_up_exps.weight"], axis: 1}
+
+QuantizedTensors split along any axis but the last (their blocks).
+
 ``{i}`` (any ``{name}``) matches a non-negative integer and is substituted into
 the target. One placeholder the target does not use **stacks**: the matching tensors
 (indices 0..n-1, all present) become one tensor with a new first axis in index
@@ -323,6 +333,61 @@ def _stack(target: str, parts: list):
     return np.stack([np.asarray(v) for v in values])
 
 
+def _split_targets(source: str, target) -> list[str]:
+    """The target names of one mapping entry: a string, or a split's list (checked)."""
+    if isinstance(target, str):
+        return [target]
+    if not isinstance(target, dict) or set(target) - {"split", "axis", "sizes"} \
+            or not isinstance(target.get("split"), list) or len(target["split"]) < 2 \
+            or not all(isinstance(t, str) and t for t in target["split"]):
+        raise WeightsError(f"mapping {source!r}: target must be a string, null or "
+                           f"{{split: [two or more names], axis: a, sizes: [...]}}, got "
+                           f"{target!r}")
+    if not set(_PLACEHOLDER.findall(source)) <= set().union(
+            *(_PLACEHOLDER.findall(t) for t in target["split"])):
+        raise WeightsError(f"mapping {source!r}: a split's targets must use every "
+                           "placeholder of the source (no stacking)")
+    return list(target["split"])
+
+
+def _split_part(value, k: int, rule: dict, params: dict):
+    """Part ``k`` of ``value`` cut along ``rule['axis']`` as the split ``rule`` says."""
+    n = len(rule["split"])
+    axis = rule.get("axis", 0)
+    shape = tuple(value.shape)
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -len(shape) <= axis < len(shape):
+        raise WeightsError(f"axis {axis!r} is not an axis of a {len(shape)}-D tensor")
+    axis %= len(shape)
+    total = shape[axis]
+    raw = rule.get("sizes")
+    if raw is None:
+        if total % n:
+            raise WeightsError(f"{total} along axis {axis} does not cut into {n} equal parts")
+        sizes = [total // n] * n
+    else:
+        sizes = [_param(v, params, "split sizes") for v in raw]
+        if len(sizes) != n or not all(isinstance(v, int) and not isinstance(v, bool)
+                                      for v in sizes):
+            raise WeightsError(f"sizes {raw!r}: {n} ints (or params) expected")
+        if sizes.count(-1) > 1 or any(v < -1 for v in sizes):
+            raise WeightsError(f"sizes {sizes}: at most one -1, the rest >= 0")
+        if -1 in sizes:
+            sizes[sizes.index(-1)] = total - (sum(sizes) + 1)
+        if sum(sizes) != total or min(sizes) < 0:
+            raise WeightsError(f"sizes {sizes} do not add up to {total} along axis {axis}")
+    start = sum(sizes[:k])
+    cut = [slice(None)] * len(shape)
+    cut[axis] = slice(start, start + sizes[k])
+    if isinstance(value, QuantizedTensor):
+        if axis == len(shape) - 1:
+            raise WeightsError("a quantized tensor splits along any axis but its last "
+                               "(the blocks)")
+        data = np.ascontiguousarray(np.asarray(value.data)[tuple(cut)])
+        out_shape = shape[:axis] + (sizes[k],) + shape[axis + 1:]
+        return QuantizedTensor(data, out_shape, value.encoding)
+    return np.ascontiguousarray(np.asarray(value)[tuple(cut)])
+
+
 def _param(value, params: dict, where: str):
     if isinstance(value, str):
         key = value[1:-1] if value.startswith("{") and value.endswith("}") else value
@@ -385,28 +450,37 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
         if "*" in s:
             raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' pattern only drops tensors "
                                "(its target must be null)")
-        if not isinstance(t, str):
-            raise WeightsError(f"mapping {s!r}: target must be a string or null, got {t!r}")
-        extra = set(_PLACEHOLDER.findall(t)) - set(_PLACEHOLDER.findall(s))
-        if extra:
-            raise WeightsError(f"mapping {s!r} -> {t!r}: target uses {{{sorted(extra)[0]}}} "
-                               "which the source pattern does not capture")
+        for one in _split_targets(s, t):
+            extra = set(_PLACEHOLDER.findall(one)) - set(_PLACEHOLDER.findall(s))
+            if extra:
+                raise WeightsError(f"mapping {s!r} -> {one!r}: target uses "
+                                   f"{{{sorted(extra)[0]}}} which the source pattern does "
+                                   "not capture")
 
     renamed: dict[str, str] = {}      # target -> source
     stacked: dict[str, list] = {}     # target -> [(index, source)]
     unexpected: list[str] = []
+    split_of: dict[str, tuple] = {}   # target -> (part index, split rule)
+    matched: dict[str, str] = {}      # source name -> the mapping key it matched
+
+    def source_key(name):
+        return matched[name]
+
     for name in td.keys():
-        stack_at = None
+        stack_at, m = None, None
         if name in exact:
             target = exact[name]
+            matched[name] = name
         else:
-            for rx, _, t in patterns:
+            for rx, key, t in patterns:
                 m = rx.fullmatch(name)
                 if m:
-                    target = None if t is None else _PLACEHOLDER.sub(
-                        lambda p: str(int(m.group(p.group(1)))), t)
-                    free = [k for k in rx.groupindex if t is not None
-                            and "{" + k + "}" not in t]
+                    matched[name] = key
+                    if t is None or not isinstance(t, str):
+                        target = t
+                        break
+                    target = _PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), t)
+                    free = [k for k in rx.groupindex if "{" + k + "}" not in t]
                     if len(free) == 1:          # two or more: ambiguous, no stacking
                         stack_at = int(m.group(free[0]))
                     break
@@ -414,6 +488,17 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                 unexpected.append(name)
                 continue
         if target is None:
+            continue
+        if not isinstance(target, str):        # a split: one target per part
+            rule = tensors[source_key(name)]
+            names = [_PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), t)
+                     if m is not None else t for t in rule["split"]]
+            for k, part in enumerate(names):
+                if part in renamed:
+                    raise WeightsError(f"mapping: {renamed[part]!r} and {name!r} both map "
+                                       f"to {part!r}")
+                renamed[part] = name
+                split_of[part] = (k, rule)
             continue
         if stack_at is not None:
             stacked.setdefault(target, []).append((stack_at, name))
@@ -444,6 +529,12 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
             value = _stack(target, [(i, src, td[src]) for i, src in stacked[target]])
         else:
             value = td[source]
+        if target in split_of:
+            k, rule = split_of[target]
+            try:
+                value = _split_part(value, k, rule, params)
+            except (WeightsError, ValueError, TypeError) as e:
+                raise WeightsError(f"{target} (from {source}): split: {e}") from None
         for glob, spec in transforms.items():
             if not fnmatch.fnmatchcase(target, glob):
                 continue

@@ -27,7 +27,7 @@ import maxdecl as md
 from maxdecl.pipelines.model_loading import params_from_metadata
 
 from modelhelp import (TOL, _add_tokenizer, _write, assert_greedy_matches_hf, compare,
-                       gguf_writer, hf_case, hf_params, llama_cpp_logits, llama_cpp_permute,
+                       gguf_writer, hf_case, hf_params, hf_state, llama_cpp_logits, llama_cpp_permute,
                        randomize, spec_path, tiny_model)
 
 pytest.importorskip("torch")
@@ -82,15 +82,22 @@ def test_granitemoe_config_and_fused_experts_from_hf(tied, ours_tied):
     assert {k: got.get(k) for k in TINY} == TINY
     assert got["norm_eps"] == pytest.approx(1e-6)
     assert {k: got[k] for k in MULT} == MULT
-    assert got["gate_up_fused"] is True and got["shared_ffn_dim"] == 0
+    assert got["shared_ffn_dim"] == 0
     p = ours_tied.params
     assert p["emb_scale"] == 0.3 and p["res_scale"] == 2.0 and p["logit_div"] == 3.0
     assert p["attn_scale"] == pytest.approx(0.06)
     w = ours_tied.weights
-    assert w["blk.0.ffn_gate_up_exps.weight"].shape == (6, 192, 128)     # gate | up rows
+    # input_linear [6, 192, 128] (in memory, transformers 5: experts.gate_up_proj) split
+    # on load: its gate rows, then its up rows
+    sd = hf_state(tied[0])
+    gate_up = next(v for k, v in sd.items() if k.startswith("model.layers.0.")
+                   and ("input_linear" in k or "gate_up_proj" in k))
+    assert gate_up.shape == (6, 192, 128)
+    np.testing.assert_array_equal(w["blk.0.ffn_gate_exps.weight"], gate_up[:, :96])
+    np.testing.assert_array_equal(w["blk.0.ffn_up_exps.weight"], gate_up[:, 96:])
     assert w["blk.1.ffn_down_exps.weight"].shape == (6, 128, 96)
     assert w["blk.0.ffn_gate_inp.weight"].shape == (6, 128)
-    assert "blk.0.ffn_gate_exps.weight" not in w and "output.weight" not in w   # tied
+    assert "output.weight" not in w   # tied
 
     # a config.json without the multipliers: transformers' defaults (1.0)
     bare = {k: v for k, v in meta.items() if k not in MULT}
@@ -228,7 +235,6 @@ def test_granitemoe_gguf_matches_hf(name, tied, untied, ggufs):
     assert {k: got.get(k) for k in TINY} == TINY
     assert {k: got[k] for k in MULT} == pytest.approx(MULT)
     ours = md.load_model(spec_path("granitemoe"), ggufs[name], variant="tiny")
-    assert ours.params["gate_up_fused"] is False
     assert ours.weights["blk.1.ffn_gate_exps.weight"].shape == (6, 96, 128)
     assert ("output.weight" in ours.weights) is (name == "untied")
     _check(f"granitemoe GGUF ({name})", ours, ids, ref)
@@ -268,11 +274,10 @@ def test_granitemoe_gguf_without_optional_scales_uses_llama_cpp_defaults(tmp_pat
     _check("granitemoe GGUF (no optional scales)", ours, ids, ref)
 
 
-def test_granitemoe_export_round_trips_in_maxdecl(tied, tmp_path):
-    """``maxdecl export`` of the HF folder keeps HF's fused experts (a mapping cannot split
-    a tensor): blk.N.ffn_gate_up_exps plus granitemoe.expert_gate_up_fused, which maxdecl
-    reads back with the same logits. (llama.cpp's granitemoe wants ffn_gate_exps and
-    ffn_up_exps, so it does not load this file; the converter's GGUF is tested above.)"""
+def test_granitemoe_export_writes_the_converters_layout(tied, tmp_path):
+    """``maxdecl export`` of the HF folder writes llama.cpp's split experts
+    (blk.N.ffn_gate_exps and ffn_up_exps, cut from input_linear on load), which maxdecl
+    reads back with the same logits, and llama.cpp itself runs (when installed)."""
     import gguf
 
     from maxdecl.cli import main
@@ -282,8 +287,17 @@ def test_granitemoe_export_round_trips_in_maxdecl(tied, tmp_path):
     assert main(["export", str(hf_dir), "--spec", spec_path("granitemoe"), "-o", str(out)]) == 0
     reader = gguf.GGUFReader(str(out))
     names = {t.name for t in reader.tensors}
-    assert "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_up_exps.weight" not in names
-    assert reader.fields["granitemoe.expert_gate_up_fused"].contents() is True
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"} <= names
+    assert not any("gate_up" in n for n in names)
     assert float(reader.fields["granitemoe.logit_scale"].contents()) == 3.0
     ours = md.load_model(spec_path("granitemoe"), str(out))
-    _check("granitemoe export (fused)", ours, ids, ref)
+    _check("granitemoe export", ours, ids, ref)
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    from modelhelp import with_tokenizer
+
+    path = with_tokenizer(str(out), tmp_path / "exported_tok.gguf", CFG["vocab_size"])
+    theirs = llama_cpp_logits(llama_cpp, path, ids)
+    assert np.abs(theirs - ref).max() / np.abs(ref).max() <= TOL_LLAMA_CPP

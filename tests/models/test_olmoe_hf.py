@@ -211,3 +211,21 @@ def test_olmoe_export_round_trip(olmoe_all_on, tmp_path):
     assert float(meta["olmoe.attention.clamp_kqv"]) == 1.0
     ours = md.load_model(spec_path("olmoe"), str(out), variant="tiny")
     assert_logits_match("olmoe export round trip", ours, ids, ref)
+
+
+def test_olmoe_torch_state_dict_with_fused_experts(tmp_path):
+    """A torch state_dict saved as one .safetensors: transformers 5 holds the experts
+    fused in memory (gate_up_proj [E, 2F, D], down_proj [E, D, F]), which save_pretrained
+    splits per expert but a plain save does not. The spec's `split` entry cuts gate_up
+    into the stacked gate and up weights; the sizes come from the variant."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    model = make_olmoe(seed=5, rope_theta=10000.0, max_position_embeddings=128)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in sd
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(sd, str(path))
+    ids = token_ids(model.config.vocab_size)
+    ref = hf_logits(model, ids)
+    ours = md.load_model(spec_path("olmoe"), str(path), variant="tiny")
+    pre, dec = compare(ours, ref, ids)
+    assert pre <= TOL and dec <= TOL
