@@ -130,6 +130,9 @@ class Expander:
         self.layer_outputs: list = []
         self._vid = 0
         self._unused_seen: set = set()      # layers checked as run no times (repeat 0)
+        # a layer left unexpanded after an error (its repeat count or a block parameter):
+        # its weights are unknown, so "names no weight" checks would only repeat the error
+        self.incomplete = False
         self._at: dict = {}
         # types are checked against the spec's encodings; weights that bring their own
         # are checked by the graph as md.build adds each node (the same rules)
@@ -333,10 +336,16 @@ class Expander:
             text = raw.strip()
             if not (text.startswith("{") and text.endswith("}")):
                 raw = "{" + text + "}"
+        before = len(self.problems)
         n = self.render(raw, env, rpos, "repeat")
         if n is None:
+            self.incomplete |= len(self.problems) > before
+            if len(self.problems) == before:
+                self.problem(rpos, "repeat must be an integer >= 0, got None")
+                self.incomplete = True
             return
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            self.incomplete = True
             name = raw.strip("{} ") if isinstance(raw, str) else None
             if name in self.spec.variants.get(self.variant, {}):
                 # the bad value is the variant's hyperparameter: point at it
@@ -348,6 +357,7 @@ class Expander:
             return
         if budgets.check_repeat(n):
             self.problem(rpos, budgets.check_repeat(n))
+            self.incomplete = True
             return
         if n == 0:
             self.unused(decl, set(env) | {decl.index})
@@ -725,6 +735,7 @@ class Expander:
             return
         benv = dict(self.env)
         given = set()
+        before = len(self.problems)
         for key, raw, pos in decl.with_:
             if key not in block.params:
                 self.problem(pos, f"block {block.name!r} has no parameter {key!r} "
@@ -736,8 +747,11 @@ class Expander:
         missing = [p for p in block.params if p not in given]
         if missing:
             self.problem(bpos, f"block {block.name!r} needs `with:` {', '.join(missing)}")
-            for p in missing:
-                benv[p] = None
+        if len(self.problems) > before:
+            # what the block would report next only follows from these errors
+            self.incomplete = True
+            self.bind(outs, ns)
+            return
         refs = [self.ref(raw, pos, env, ns, wscope) for raw, pos in decl.ins]
         if len(refs) != len(block.inputs):
             self.problem(self.at(f"{decl.pos.ptr}/in") if decl.ins else bpos,
@@ -799,6 +813,7 @@ def check(spec: Spec) -> list[RawProblem]:
     per_variant: dict[tuple, tuple[RawProblem, list]] = {}
     hits: set[str] = set()
     map_hits: set[tuple] = set()
+    incomplete = False
     for v in variants:
         ex = Expander(spec, v)
         try:
@@ -808,6 +823,7 @@ def check(spec: Spec) -> list[RawProblem]:
             continue
         hits |= ex.glob_hits
         map_hits |= ex.map_hits
+        incomplete |= ex.incomplete
         seen_here = set()
         for p in ex.problems:
             key = (p.line, p.col)
@@ -823,6 +839,8 @@ def check(spec: Spec) -> list[RawProblem]:
             p = dataclasses.replace(p, message=f"{p.message} (variant{'s' if len(vs) > 1 else ''}"
                                                f" {', '.join(vs)})")
         problems.append(p)
+    if incomplete:      # some layers were not expanded: their weights are unknown
+        return problems
     for glob, _, pos in spec.encoding_overrides:
         if glob not in hits:
             problems.append(RawProblem(pos.line, pos.col, pos.ptr,
