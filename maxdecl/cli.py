@@ -170,7 +170,9 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a GGUF that llama.cpp runs",
                        description="Write SRC (GGUF, maxdecl checkpoint, HF dir, llama2.c "
                                    ".bin) as a GGUF: the spec's formats.gguf architecture "
-                                   "keys, the tokenizer, every tensor in its encoding.")
+                                   "keys, the tokenizer, every tensor in the encoding it "
+                                   "was loaded in (float32 stays F32; `maxdecl quantize` "
+                                   "first for a smaller file).")
     e.add_argument("src", metavar="SRC", help="weights the spec runs")
     e.add_argument("--spec", required=True, metavar="SPEC", help="the model's spec")
     e.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF to write")
