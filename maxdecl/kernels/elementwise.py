@@ -29,6 +29,16 @@ def _relu(x):
     return np.maximum(x, x.dtype.type(0))
 
 
+def _clamp(x, attrs):
+    lo, hi = attrs["min"], attrs["max"]
+    t = x.dtype.type
+    if lo is not None:
+        x = np.maximum(x, t(lo))
+    if hi is not None:
+        x = np.minimum(x, t(hi))
+    return np.asarray(x)
+
+
 def _sigmoid(x):
     return (1 / (1 + np.exp(-x))).astype(x.dtype, copy=False)
 
@@ -70,4 +80,5 @@ RUN = {
     "logical_and": _binary(np.logical_and), "logical_or": _binary(np.logical_or),
     "logical_not": _unary(np.logical_not),
     "cast": lambda args, attrs: [args[0].astype(attrs["dtype"].numpy)],
+    "clamp": lambda args, attrs: [_clamp(args[0], attrs)],
 }

@@ -21,7 +21,7 @@ Shared rules, written once here:
 
 from . import leaves  # noqa: F401  (constant, weight, quantize)
 from ._registry import REGISTRY, define, get
-from .elementwise import (abs, activation, add, cast, div, exp, gelu, gelu_tanh, log,  # noqa: A004
+from .elementwise import (abs, activation, add, cast, clamp, div, exp, gelu, gelu_tanh, log,  # noqa: A004
                           maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt,
                           sub, tanh, sin, cos, equal, not_equal, greater, greater_equal, less,
                           less_equal, logical_and, logical_or, logical_not)

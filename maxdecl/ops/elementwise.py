@@ -128,6 +128,20 @@ define("activation", rule=_float_unary_rule, run="elementwise", attrs={"kind": R
        doc="the activation named by ``kind``, a Hugging Face ``hidden_act`` name, so a "
            "spec can take it from config.json (``kind: \"{hidden_act}\"``)",
        rule_doc="x: float; out: the type of x")
+def _normalize_clamp(attrs):
+    lo, hi = attrs["min"], attrs["max"]
+    for key, v in (("min", lo), ("max", hi)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"clamp {key} must be a number or None, got {v!r}")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"clamp min {lo!r} is greater than max {hi!r}")
+    return attrs
+
+
+define("clamp", rule=_unary_rule, run="elementwise", attrs={"min": None, "max": None},
+       normalize=_normalize_clamp, kind="elementwise",
+       doc="elementwise min(max(x, min), max) (torch.clamp; either bound may be None)",
+       rule_doc="x: not quantized; out: the type of x")
 define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
        normalize=_normalize_cast, kind="elementwise", doc="convert element type",
        rule_doc="x: not quantized; out: dtype, the shape of x")
@@ -148,6 +162,12 @@ activation = public_op(
     + ". The GELU forms compute exactly what ``gelu`` and ``gelu_tanh`` do; a spec "
       "reads the name from config.json (``attrs: {kind: \"{hidden_act}\"}``) instead of "
       "computing each candidate and picking one with ``select``.")
+clamp = public_op(
+    "clamp",
+    "Elementwise ``min(max(x, min), max)``, as ``torch.clamp``.\n\n"
+    "``min``, ``max``: numbers (expressions allowed), either None for no bound; min <= "
+    "max. NaN stays NaN. OLMo's ``clip_qkv`` is ``{min: \"{-clip_qkv}\", max: "
+    "\"{clip_qkv}\"}``; a bound in the dtype of ``x`` (an int ``x`` takes whole bounds).")
 cast = public_op("cast", "Convert ``x`` to ``dtype`` (a md.DType or its name).\n\n"
                  "``dtype``: float32, float16, bfloat16, int8, uint8, int32, int64 or bool, "
                  "as NumPy's ``astype``: to bool, nonzero is True; float to int truncates.")

@@ -101,3 +101,28 @@ def test_a_number_beside_a_bool_condition_takes_the_values_dtype():
     g.output(y)
     (out,) = g.execute(np.array([True, False, True, False]), np.arange(4, dtype=np.float32))
     np.testing.assert_array_equal(out, [0, 1, 0, 3])
+
+
+@pytest.mark.parametrize("lo, hi", [(-1.0, 0.5), (None, 0.25), (-0.5, None), (None, None),
+                                    (0.3, 0.3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_clamp_matches_torch(lo, hi, dtype, rng):
+    x = (rng.standard_normal((4, 9)) * 3).astype(dtype)
+    if dtype == np.float32:
+        x[0, 0] = np.nan
+    else:
+        lo, hi = (None if v is None else int(np.floor(v * 4)) for v in (lo, hi))
+    out = run_op(md.ops.clamp, x, min=lo, max=hi)
+    # torch refuses two None bounds; here that is the identity (OLMo's clip_qkv null)
+    want = x if lo is None and hi is None else torch.clamp(torch.from_numpy(x), lo, hi).numpy()
+    np.testing.assert_array_equal(out, want)
+    assert out.dtype == dtype
+
+
+@pytest.mark.parametrize("attrs, match", [({"min": 1.0, "max": 0.0}, "greater than max"),
+                                          ({"min": "a"}, "a number or None"),
+                                          ({"max": True}, "a number or None")])
+def test_clamp_bad_bounds_are_refused(attrs, match):
+    g = md.Graph("t", [md.TensorType("float32", (3,))])
+    with pytest.raises(md.GraphError, match=match):
+        md.ops.clamp(g.inputs[0], **attrs)
