@@ -157,8 +157,10 @@ def parse(text: str) -> ast.AST:
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except (SyntaxError, ValueError) as e:     # ValueError: a NUL byte in the source
-        raise ExprError(f"invalid expression {text.strip()!r}: {getattr(e, 'msg', e)}") \
-            from None
+        hint = ("; it spans lines: in a `>-` block every line needs the same indent "
+                "(a more-indented line keeps its newline)") if "\n" in text.strip() else ""
+        raise ExprError(f"invalid expression {text.strip()!r}: {getattr(e, 'msg', e)}"
+                        f"{hint}") from None
     except (RecursionError, MemoryError):
         raise ExprError(f"expression nested too deeply (limit {budgets.MAX_EXPR_DEPTH}, "
                         "MAX_EXPR_DEPTH)") from None

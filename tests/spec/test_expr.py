@@ -67,6 +67,7 @@ def test_evaluates(text, want):
     ("f'{dim}'", "JoinedStr is not allowed"),
     ("range(10 ** 9)", "MAX_VALUE_SIZE"),
     ("range(1.5)", "range takes 1 to 3 integers"),
+    ("1 if dim\n  else 2 if", "it spans lines"),
 ])
 def test_refuses(text, fragment):
     with pytest.raises(ExprError) as e:
