@@ -198,8 +198,12 @@ def attention():  # noqa: A001 - the signature comes from the definition
     """Scaled dot-product attention with grouped-query heads.
 
     q ``[..., S, Hq, D]``, k ``[..., T, Hkv, D]``, v ``[..., T, Hkv, Dv]`` (Hq a multiple
-    of Hkv; query head h reads kv head ``h // (Hq // Hkv)``). Query i sits at absolute
-    position ``T_total - S + i``. Scores: ``s = (q . k) * scale`` (default
+    of Hkv; query head h reads kv head ``h // (Hq // Hkv)``). The leading dims of k and
+    v broadcast to q's, not the other way (a learned query shared by a batch is brought
+    to it with ``expand_as`` first). Query i sits at absolute position
+    ``T_total - S + i``, which matters only to ``causal`` and ``sliding_window``: with
+    ``causal: false`` S and T are free, so q may come from another source than k and v
+    (cross-attention, an attention-pooling probe). Scores: ``s = (q . k) * scale`` (default
     ``1/sqrt(D)``), then ``softcap * tanh(s / softcap)``, then ``+ slope_h * (j - i)``
     (ALiBi); a query at i sees key j when ``j <= i`` (causal) and ``i - j < W``
     (``sliding_window``). A query that sees no key gives zeros.
