@@ -187,7 +187,8 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
     if mapped:
         expected = [w.name for w in prog.weights if w.absent is None and w.name not in extra]
         weights = remap(weights, dict(section["tensors"]),
-                        dict(section.get("transforms") or {}), full, expected=expected)
+                        dict(section.get("transforms") or {}), full, expected=expected,
+                        prefixes=tuple(section.get("prefixes") or ()))
     else:                                   # a new dict sharing the arrays (no copies)
         shallow = TensorDict(metadata=copy.deepcopy(dict(weights.metadata)))
         for name, value in weights.items():

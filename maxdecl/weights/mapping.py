@@ -333,6 +333,20 @@ def _stack(target: str, parts: list):
     return np.stack([np.asarray(v) for v in values])
 
 
+def _without_prefix(name: str, prefixes, exact: dict, patterns: list) -> str:
+    """``name``, or ``name`` without the first of ``prefixes`` after which a mapping entry
+    matches it (checkpoints that nest the same model under another module)."""
+    def known(n):
+        return n in exact or any(rx.fullmatch(n) for rx, _, _ in patterns)
+
+    if known(name):
+        return name
+    for p in prefixes:
+        if name.startswith(p) and known(name[len(p):]):
+            return name[len(p):]
+    return name
+
+
 def _split_targets(source: str, target) -> list[str]:
     """The target names of one mapping entry: a string, or a split's list (checked)."""
     if isinstance(target, str):
@@ -414,7 +428,7 @@ def _fmt_names(names: list[str], limit: int = 5) -> str:
 
 
 def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None = None,
-          expected=None) -> TensorDict:
+          expected=None, prefixes=()) -> TensorDict:
     """Rename ``td``'s tensors by the ``tensors`` patterns and apply ``transforms``.
 
     Args:
@@ -424,6 +438,9 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
         transforms: ``{glob on target name: {transform: value, ...}}``.
         params: values for transform parameters given by name (``n_heads``).
         expected: optional target names that must all be produced.
+        prefixes: prefixes a source name may carry before the names ``tensors`` lists
+            (``"vision_model."``): a name no entry matches is tried without each, in
+            order.
 
     Returns:
         A new TensorDict with target names; untransformed values are shared with
@@ -468,12 +485,13 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
 
     for name in td.keys():
         stack_at, m = None, None
-        if name in exact:
-            target = exact[name]
-            matched[name] = name
+        bare = _without_prefix(name, prefixes, exact, patterns)
+        if bare in exact:
+            target = exact[bare]
+            matched[name] = bare
         else:
             for rx, key, t in patterns:
-                m = rx.fullmatch(name)
+                m = rx.fullmatch(bare)
                 if m:
                     matched[name] = key
                     if t is None or not isinstance(t, str):
