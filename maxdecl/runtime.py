@@ -325,7 +325,7 @@ def _generate(graph, preloaded, steps, nodes):
         else:
             runs.append(fusion.runner(step.kind))
             line = f"    {outs}, = _run[{s}]([{ins}], _attrs[{s}])"
-        attrs.append(step.attrs if step.kind != "node" else nodes[step.nodes[0]].attrs)
+        attrs.append(step.attrs if step.kind != "node" else _run_attrs(nodes[step.nodes[0]]))
         defs.append(opdef)
         lines.append(line)
         line_step[len(lines)] = s
@@ -339,6 +339,14 @@ def _generate(graph, preloaded, steps, nodes):
     run.steps = line_step
     run.names = [tuple(v(x) for x in step.inputs) for step in steps]
     return run
+
+
+def _run_attrs(node) -> dict:
+    """A node's attributes as its runner takes them; a reshape with symbolic dims also
+    gets its input's declared dims (``_in``), to size those dims by name at run time."""
+    if node.op == "reshape":
+        return {**node.attrs, "_in": tuple(node.inputs[0].type.shape)}
+    return node.attrs
 
 
 def _per_sequence(fn, args, attrs, opdef, rows):

@@ -11,16 +11,26 @@ def _reshape_run(args, attrs):
     x = args[0]
     shape = [d if isinstance(d, int) else -1 for d in attrs["shape"]]
     if shape.count(-1) > 1:  # symbolic dims resolved from the input at run time
-        return [x.reshape(_resolve(x.shape, attrs["shape"]))]
+        return [x.reshape(resolve_dims(attrs["shape"], attrs.get("_in", ()), x.shape))]
     return [x.reshape(shape)]
 
 
-def _resolve(in_shape, spec):
-    """Resolve several symbolic dims: each keeps the size of the same-position input dim."""
-    out = []
-    for i, d in enumerate(spec):
-        out.append(d if isinstance(d, int) else in_shape[i])
-    return out
+def resolve_dims(target, in_dims, in_shape) -> list:
+    """Sizes for a reshape's ``target`` dims: ints as they are, a symbolic dim by name
+    from the input's declared dims ``in_dims`` and its run-time ``in_shape`` (``[a, b]``
+    to ``[b, a]`` swaps the sizes), at most one dim left to -1 (NumPy infers it)."""
+    from .. import dims
+
+    sizes = {}
+    for d, n in zip(in_dims, in_shape):
+        if not isinstance(d, int) and dims.poly(d) == {(d,): 1}:
+            sizes.setdefault(d, n)
+    out = [d if isinstance(d, int) else dims.evaluate(d, sizes) for d in target]
+    if sum(v is None or v == -1 for v in out) > 1:
+        raise ValueError(f"reshape to {list(target)}: the sizes of "
+                         f"{[d for d, v in zip(target, out) if v is None]} do not follow from "
+                         f"the input's dims {list(in_dims)}")
+    return [-1 if v is None else v for v in out]
 
 
 def _split_run(args, attrs):

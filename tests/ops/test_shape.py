@@ -89,3 +89,29 @@ def test_expand_as_matches_torch_and_takes_symbolic_dims():
         md.ops.expand_as(*u.inputs)
     with pytest.raises(md.GraphError, match="tile repeats must be non-negative ints"):
         md.ops.tile(g.inputs[0], repeats=[2.5, 1, 1])
+
+
+def test_reshape_sizes_symbolic_dims_by_name_not_position():
+    """[a, b] -> [b, a] swaps the sizes (a reshape, not a transpose: the elements keep
+    their order), and a later reduction sees the type's shape; size-1 axes put between
+    symbolic dims keep each dim's size."""
+    g = md.Graph("t", [md.TensorType("float32", ("a", "b"))])
+    y = md.ops.reshape(g.inputs[0], shape=("b", "a"))
+    g.output([y, md.ops.sum(y, axis=1)])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y_run, s_run = md.compile(g)(x)
+    np.testing.assert_array_equal(y_run, x.reshape(3, 2))
+    np.testing.assert_array_equal(s_run, x.reshape(3, 2).sum(axis=1))
+    g = md.Graph("t", [md.TensorType("float32", ("n", "s"))])
+    g.output(md.ops.reshape(g.inputs[0], shape=("n", 1, "s", 1)))
+    assert md.compile(g)(np.zeros((2, 5), np.float32))[0].shape == (2, 1, 5, 1)
+
+
+def test_reshape_symbolic_dims_the_input_does_not_size_are_refused():
+    g = md.Graph("t", [md.TensorType("float32", ("n", "m * 4"))])
+    g.output(md.ops.reshape(g.inputs[0], shape=("n", "m", 2, 2)))
+    assert md.compile(g)(np.zeros((3, 8), np.float32))[0].shape == (3, 2, 2, 2)   # m: -1
+    g = md.Graph("t", [md.TensorType("float32", ("n", "m * k"))])
+    g.output(md.ops.reshape(g.inputs[0], shape=("n", "m", "k")))
+    with pytest.raises(md.GraphError, match="do not follow from the input's dims"):
+        md.compile(g)(np.zeros((3, 8), np.float32))
