@@ -53,6 +53,7 @@ class LayerDecl:
     doc: str = ""
     repeat: object = None             # int or expression; None: once
     index: str = "i"
+    index_given: bool = False         # `index:` written (else the default "i")
     weights: tuple = ()               # WeightDecl
     inputs: tuple = ()                # IODecl
     outputs: tuple = ()               # (name, Pos)

@@ -104,6 +104,7 @@ class _Parser:
             doc=str(d.get("doc", "") or ""),
             repeat=d.get("repeat") if not isinstance(d.get("repeat"), (dict, list)) else None,
             index=index if isinstance(index, str) else "i",
+            index_given="index" in d,
             weights=tuple(weights),
             inputs=self.io(d.get("inputs"), f"{ptr}/inputs"),
             outputs=self.names(d.get("outputs"), f"{ptr}/outputs"),

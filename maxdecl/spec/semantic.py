@@ -133,6 +133,7 @@ class Expander:
         # a layer left unexpanded after an error (its repeat count or a block parameter):
         # its weights are unknown, so "names no weight" checks would only repeat the error
         self.incomplete = False
+        self.loop_indices: list[str] = []   # the indices enclosing repeats bind
         self._at: dict = {}
         # types are checked against the spec's encodings; weights that bring their own
         # are checked by the graph as md.build adds each node (the same rules)
@@ -362,10 +363,26 @@ class Expander:
         if n == 0:
             self.unused(decl, set(env) | {decl.index})
             return
-        for k in range(n):
-            if self.unroll(decl, path):
+        if not decl.index_given and decl.index in self.loop_indices and decl.index in env:
+            # inside another repeat: a 0/1 repeat (an optional part) keeps the enclosing
+            # index; a real loop must name its own
+            if n > 1:
+                self.problem(rpos, f"a repeat inside another needs its own index: `i` is "
+                                   f"the enclosing repeat's (write `index: j` and use "
+                                   f"`{{j}}`)")
+                self.incomplete = True
                 return
-            self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
+            if not self.unroll(decl, path):
+                self.instance(decl, path, env, ns, wscope, blocks)
+            return
+        self.loop_indices.append(decl.index)
+        try:
+            for k in range(n):
+                if self.unroll(decl, path):
+                    return
+                self.instance(decl, path, {**env, decl.index: k}, ns, wscope, blocks)
+        finally:
+            self.loop_indices.pop()
 
     def unused(self, decl: LayerDecl, known: set) -> None:
         """What can be checked of a layer this variant runs no times (a repeat of 0):
