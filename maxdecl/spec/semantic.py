@@ -366,15 +366,16 @@ class Expander:
         if not decl.index_given and decl.index in self.loop_indices and decl.index in env:
             # inside another repeat: a 0/1 repeat (an optional part) keeps the enclosing
             # index; a real loop must name its own
-            if n > 1:
+            if n > 1 and _uses_name(decl, decl.index):
                 self.problem(rpos, f"a repeat inside another needs its own index: `i` is "
                                    f"the enclosing repeat's (write `index: j` and use "
                                    f"`{{j}}`)")
                 self.incomplete = True
                 return
-            if not self.unroll(decl, path):
-                self.instance(decl, path, env, ns, wscope, blocks)
-            return
+            if n <= 1:
+                if not self.unroll(decl, path):
+                    self.instance(decl, path, env, ns, wscope, blocks)
+                return
         self.loop_indices.append(decl.index)
         try:
             for k in range(n):
@@ -793,6 +794,29 @@ class Expander:
         results = [self.lookup(name, bns, pos) for name, pos in block.outputs]
         for name, vid in zip(outs, results):
             ns[name] = vid if vid is not None else self.new_value(name)
+
+
+def _uses_name(decl: LayerDecl, name: str) -> bool:
+    """Whether any expression in ``decl``'s subtree (names, shapes, inputs, attributes,
+    block parameters, inner repeat counts) reads ``name``."""
+    def reads(raw) -> bool:
+        if isinstance(raw, (list, tuple)):
+            return any(reads(r) for r in raw)
+        if not isinstance(raw, str):
+            return False
+        try:
+            return name in template_names(raw if "{" in raw else "{" + raw + "}")
+        except ExprError:
+            return False
+
+    if reads(decl.name) or any(reads(list(w.shape)) or reads(w.absent) for w in decl.weights):
+        return True
+    if any(reads(r) for r, _ in decl.ins) or any(reads(r) for _, r, _ in decl.with_):
+        return True
+    if any(reads(r) for _, r, _, _ in decl.attrs):
+        return True
+    return any(reads(c.repeat) or (not (c.repeat is not None and c.index == name)
+                                   and _uses_name(c, name)) for c in decl.children)
 
 
 def _parts(text: str) -> list:

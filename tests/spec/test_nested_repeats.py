@@ -44,3 +44,11 @@ def test_an_inner_loop_without_its_own_index_is_refused():
 def test_an_inner_loop_with_its_own_index():
     text = (SPEC % ("2", "index: j")).replace("name: part", 'name: "part{j}"')
     assert validate_text(text, "nested.yaml") == []
+
+
+def test_an_inner_loop_that_reads_no_index_needs_none():
+    body = SPEC.split("      - name: part")[0] + (
+        "      - repeat: 3\n"
+        "        layers:\n"
+        "          - {op: add, in: [x, x], out: x}\n")
+    assert validate_text(body, "nested.yaml") == []
