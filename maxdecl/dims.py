@@ -49,7 +49,7 @@ def _parse(d) -> dict:
         sign, text = part
         m = _TERM.match(text)
         if m is None:
-            _add(out, (text.strip(),), sign)       # an opaque name
+            _add(out, *_opaque_term(text, sign))
         elif m.group(3) is not None:
             _add(out, (), sign * int(m.group(3)))
         else:
@@ -57,6 +57,32 @@ def _parse(d) -> dict:
             names = tuple(sorted(n.strip() for n in m.group(2).split("*")))
             _add(out, names, sign * coeff)
     return out
+
+
+def _opaque_term(text: str, sign: int) -> tuple:
+    """(monomial, coefficient) of a product holding opaque factors: ``24*n*win(s,10,5,1,0,0)``
+    is 24 times the names ``n`` and ``win(...)`` (factors split at top-level ``*``, so a
+    conv's output length multiplies and divides like any name); a text that is no such
+    product is one opaque name."""
+    factors, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "*" and depth == 0:
+            factors.append(text[start:i].strip())
+            start = i + 1
+    factors.append(text[start:].strip())
+    if len(factors) == 1 or not all(factors):
+        return (text.strip(),), sign
+    coeff, names = sign, []
+    for f in factors:
+        if f.isdigit():
+            coeff *= int(f)
+        else:
+            names.append(f)
+    return tuple(sorted(names)), coeff
 
 
 def _split_sum(text: str) -> list:

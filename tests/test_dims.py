@@ -55,3 +55,12 @@ def test_polynomials_agree_with_integer_arithmetic():
 def test_non_dims_are_rejected(bad):
     with pytest.raises(TypeError):
         dims.poly(bad)
+
+
+def test_opaque_factors_multiply_and_divide_like_names():
+    w = "win(win(samples,10,5,1,0,0),3,2,1,0,0)"
+    prod = dims.mul("n", 1, w, 24)
+    assert dims.poly(prod) == {("n", w): 24}
+    assert dims.divide(prod, dims.mul(24, "n")) == w
+    assert dims.evaluate(prod, {"n": 2, w: 7}) == 336
+    assert dims.poly("f(a*b, c)") == {("f(a*b, c)",): 1}      # one opaque name, kept whole

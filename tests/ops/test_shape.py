@@ -115,3 +115,18 @@ def test_reshape_symbolic_dims_the_input_does_not_size_are_refused():
     g.output(md.ops.reshape(g.inputs[0], shape=("n", "m", "k")))
     with pytest.raises(md.GraphError, match="do not follow from the input's dims"):
         md.compile(g)(np.zeros((3, 8), np.float32))
+
+
+def test_reshape_infers_a_dim_through_a_conv_output_length():
+    """A strided conv over a symbolic length gives an opaque ``win(...)`` dim; products
+    keep it a factor, so -1 is inferred through it and the runtime sizes it."""
+    g = md.Graph("t", [md.TensorType("float32", ("n", 1, "samples", 1))])
+    w = g.weight("w", md.TensorType("float32", (4, 1, 3, 1)))
+    y = md.ops.conv2d(g.inputs[0], w, stride=[2, 1], input_layout="NCHW",
+                      filter_layout="FCRS")                            # [n, 4, win(...), 1]
+    z = md.ops.reshape(md.ops.transpose(y, perm=(0, 2, 1, 3)), shape=("n", -1, 4))
+    assert z.type.shape[1].startswith("win(")
+    g.output(z)
+    out = md.compile(g, {"w": np.ones((4, 1, 3, 1), np.float32)})(
+        np.ones((2, 1, 11, 1), np.float32))[0]
+    assert out.shape == (2, 5, 4) and np.all(out == 3)
