@@ -28,8 +28,10 @@ def _details(name: str) -> list:
     doc = inspect.getdoc(fn) if callable(fn) else None
     keep = []
     for para in (doc or "").split("\n\n")[1:]:
-        if para.lstrip().startswith(("Example", "Args:", "Returns:", "Raises:")):
+        if para.lstrip().startswith("Example"):
             break
+        if para.lstrip().startswith(("Args:\n", "Returns:", "Raises:")):
+            continue                    # a Google-style block: the lines above say it
         keep.append(para.replace("``", "`"))
     return ["\n\n".join(keep), ""] if keep else []
 
