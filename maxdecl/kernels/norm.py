@@ -100,4 +100,25 @@ def _rms_norm_run(args, attrs):
     return [rms_norm(x, w, attrs["epsilon"]).astype(x.dtype, copy=False)]
 
 
-RUN = {"layer_norm": _layer_norm_run, "rms_norm": _rms_norm_run}  # ops/norm.py
+def _group_norm_run(args, attrs):
+    x, gamma, *rest = args
+    beta = rest[0] if rest else None
+    last = attrs["channels_last"]
+    xf = np.asarray(x, np.float32)
+    if not last:
+        xf = np.moveaxis(xf, 1, -1)
+    n, c, g = xf.shape[0], xf.shape[-1], attrs["groups"]
+    v = xf.reshape(n, -1, g, c // g)
+    mean = v.mean(axis=(1, 3), keepdims=True)
+    var = np.square(v - mean).mean(axis=(1, 3), keepdims=True)
+    y = ((v - mean) / np.sqrt(var + np.float32(attrs["epsilon"]))).reshape(xf.shape)
+    y = y * np.asarray(gamma, np.float32)
+    if beta is not None:
+        y = y + np.asarray(beta, np.float32)
+    if not last:
+        y = np.moveaxis(y, -1, 1)
+    return [np.ascontiguousarray(y, dtype=x.dtype)]
+
+
+RUN = {"layer_norm": _layer_norm_run, "rms_norm": _rms_norm_run,
+       "group_norm": _group_norm_run}  # ops/norm.py

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ..dtypes import format_shape
 from . import _checks
-from ._registry import define, public
+from ._registry import REQUIRED, define, public
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "group_norm"]
 
 
 def _check_weight(x, w, what):
@@ -61,6 +61,58 @@ define("rms_norm", rule=_rms_rule, run="norm", inputs=("x", "weight"), attrs={"e
        normalize=_eps, kind="norm", doc="x * rsqrt(mean(x**2) + epsilon) * weight over the last axis",
        rule_doc="x float; weight: x's trailing dims (1-D of the last dim, or more); "
                 "out: the type of x")
+
+
+def _group_rule(inputs, attrs):
+    x, *weights = inputs
+    _checks.float_input(x)
+    _checks.no_bfloat16(x, *weights)
+    if x.rank < 2:
+        raise ValueError(f"group_norm needs x of rank >= 2 ([N, ..., C] or [N, C, ...]), "
+                         f"got x{format_shape(x.shape)}")
+    c = x.shape[-1] if attrs["channels_last"] else x.shape[1]
+    g = attrs["groups"]
+    if not isinstance(c, int) or c % g:
+        raise ValueError(f"{c} channels of x{format_shape(x.shape)} do not split "
+                         f"into {g} groups (channels must be a static multiple of groups)")
+    for w, what in zip(weights, ("gamma", "beta")):
+        _checks.float_input(w, what)
+        if w.rank != 1 or not _checks.dims_equal(w.shape[0], c):
+            raise ValueError(f"{what}{format_shape(w.shape)} must be [{c}] (one per channel)")
+    return [x]
+
+
+def _normalize_group(a):
+    g = a["groups"]
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise ValueError(f"groups must be a positive int, got {g!r}")
+    if float(a["epsilon"]) < 0:
+        raise ValueError(f"epsilon must be >= 0, got {a['epsilon']}")
+    return {**a, "epsilon": float(a["epsilon"]), "channels_last": bool(a["channels_last"])}
+
+
+define("group_norm", rule=_group_rule, run="norm", inputs=("x", "gamma"), optional=("beta",),
+       attrs={"groups": REQUIRED, "epsilon": 1e-5, "channels_last": True},
+       normalize=_normalize_group, kind="norm",
+       call_order=("groups", "beta", "epsilon", "channels_last"),
+       doc="(x - mean) / sqrt(var + epsilon) * gamma + beta, statistics per sample over "
+           "each group of channels and every other axis (torch.nn.GroupNorm)",
+       rule_doc="x float, rank >= 2, channels (last, or axis 1) a static multiple of "
+                "groups; gamma, beta [channels]; out: the type of x")
+
+
+@public
+def group_norm():  # noqa: A001 - the signature comes from the definition
+    """Group norm, as ``torch.nn.functional.group_norm``.
+
+    The channels split into ``groups`` consecutive groups; each sample's mean and
+    biased variance are taken over one group's channels and every axis but the first
+    (float32 math), then ``gamma`` and ``beta`` (``[C]``) scale and shift each channel.
+    ``channels_last`` (default): x ``[N, ..., C]``, as NHWC convolutions give it; false:
+    torch's ``[N, C, ...]``. ``groups == C`` normalises each channel on its own
+    (wav2vec2's first conv layer: ``GroupNorm(512, 512)`` over time); ``groups == 1``
+    is a LayerNorm over all of a sample.
+    """
 
 
 @public

@@ -63,3 +63,31 @@ def test_per_head_gains_match_torch(rng, op):
                         md.TensorType("float32", (3, 16))])
     with pytest.raises(md.GraphError, match=r"\[3, 16\] must be x's trailing dims"):
         getattr(md.ops, op)(*gr.inputs)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("shape, groups", [((2, 7, 5, 6), 3), ((3, 11, 8), 8), ((2, 4), 2),
+                                           ((1, 3, 2, 2, 6), 1), ((2, 9, 4), 4)])
+@pytest.mark.parametrize("with_beta", [True, False])
+def test_group_norm_matches_torch(shape, groups, channels_last, with_beta, rng):
+    c = shape[-1]
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    gamma = rng.standard_normal(c).astype(np.float32)
+    beta = rng.standard_normal(c).astype(np.float32) if with_beta else None
+    first = np.ascontiguousarray(np.moveaxis(x, -1, 1))             # torch's [N, C, ...]
+    out = run_op(md.ops.group_norm, x if channels_last else first, gamma, groups=groups,
+                 beta=beta, epsilon=1e-4, channels_last=channels_last)
+    ref = F.group_norm(torch.from_numpy(first), groups, torch.from_numpy(gamma),
+                       None if beta is None else torch.from_numpy(beta), eps=1e-4).numpy()
+    if channels_last:
+        ref = np.moveaxis(ref, 1, -1)
+    close(out, ref, atol=3e-6, rtol=3e-6, label=f"group_norm {shape} / {groups}")
+
+
+@pytest.mark.parametrize("kw, match", [({"groups": 4}, "do not split into 4 groups"),
+                                       ({"groups": 0}, "positive int"),
+                                       ({"groups": 3, "epsilon": -1.0}, "epsilon")])
+def test_group_norm_refuses(kw, match):
+    g = md.Graph("t", [md.TensorType("float32", (2, 5, 6)), md.TensorType("float32", (6,))])
+    with pytest.raises(md.GraphError, match=match):
+        md.ops.group_norm(g.inputs[0], g.inputs[1], **kw)
