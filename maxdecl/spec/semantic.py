@@ -125,6 +125,7 @@ class Expander:
         self.used_weights: set[str] = set()
         self.glob_hits: set[str] = set()
         self.map_hits: set[tuple] = set()    # formats' tensor targets, transform globs hit
+        self.computed_misses: dict[str, str] = {}   # computed names this variant lacks
         self.io_names: dict[str, Pos] = {}
         self.root_outputs: list = []
         self.layer_outputs: list = []
@@ -583,10 +584,10 @@ class Expander:
             for name, raw in table.items():
                 ptr = f"{base}/{pointer_escape(name)}"
                 w = self.weights.get(str(name))
-                if w is None:
-                    self.problem(self.at(ptr, key=True),
-                                 f"computed: unknown weight {name!r}{_hint(name, self.weights)}")
+                if w is None:       # a weight of other variants (or of none: reported once)
+                    self.computed_misses[str(name)] = _hint(str(name), self.weights)
                     continue
+                self.map_hits.add((fmt, "computed", str(name)))
                 pos = self.at(ptr)
                 self.fill(self.render(raw, self.env, pos, "computed"), w.name, w.shape, pos,
                           "computed")
@@ -855,6 +856,7 @@ def check(spec: Spec) -> list[RawProblem]:
     hits: set[str] = set()
     map_hits: set[tuple] = set()
     incomplete = False
+    misses: dict[str, str] = {}
     for v in variants:
         ex = Expander(spec, v)
         try:
@@ -864,6 +866,7 @@ def check(spec: Spec) -> list[RawProblem]:
             continue
         hits |= ex.glob_hits
         map_hits |= ex.map_hits
+        misses.update(ex.computed_misses)
         incomplete |= ex.incomplete
         seen_here = set()
         for p in ex.problems:
@@ -888,6 +891,14 @@ def check(spec: Spec) -> list[RawProblem]:
                                        f"encoding override {glob!r} matches no weight in any "
                                        "variant (or only weights an earlier override takes)"))
     problems += format_map_problems(spec, map_hits)
+    for fmt, section in spec.formats.items():
+        table = section.get("computed") if isinstance(section, dict) else None
+        for name in (table if isinstance(table, dict) else ()):
+            if (fmt, "computed", str(name)) not in map_hits and str(name) in misses:
+                ptr = f"/formats/{pointer_escape(fmt)}/computed/{pointer_escape(str(name))}"
+                problems.append(RawProblem(*nearest_mark(spec.marks, ptr, key=True), ptr,
+                                           f"computed: unknown weight {name!r} (no variant "
+                                           f"declares it){misses[str(name)]}"))
     return problems
 
 

@@ -583,8 +583,10 @@ def compute_tensors(computed: dict, params: dict, shapes: dict) -> dict:
         ``{weight name: float32 ndarray}`` for the entries that gave a value.
 
     Raises:
-        WeightsError: an unknown weight, an expression that does not evaluate, or a
-            list of the wrong size.
+        WeightsError: an expression that does not evaluate, or a list of the wrong
+            size. A name the spec declares no weight of here (a weight only some
+            configurations have) is skipped; ``maxdecl validate`` reports one that no
+            variant declares.
 
     Example::
 
@@ -595,8 +597,8 @@ def compute_tensors(computed: dict, params: dict, shapes: dict) -> dict:
 
     out = {}
     for name, raw in (computed or {}).items():
-        if name not in shapes:
-            raise WeightsError(f"computed {name!r}: the spec declares no such weight")
+        if name not in shapes:          # a weight only other configurations declare
+            continue
         try:
             value = render(raw, params)
         except ExprError as e:

@@ -264,5 +264,5 @@ def test_compute_tensors():
         compute_tensors({"f.weight": "{[1.0] * n * 2}"}, {"n": 4}, shapes)
     with pytest.raises(WeightsError, match="undefined name 'k'"):
         compute_tensors({"f.weight": "{k}"}, {"n": 4}, shapes)
-    with pytest.raises(WeightsError, match="declares no such weight"):
-        compute_tensors({"x.weight": 1.0}, {}, shapes)
+    # a weight this configuration does not declare (only others have it) is skipped
+    assert compute_tensors({"x.weight": 1.0}, {}, shapes) == {}
