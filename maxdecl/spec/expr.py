@@ -116,8 +116,20 @@ def _range(*args):
     return list(r)
 
 
+def _typeof(x) -> str:
+    """The kind of a value: "bool", "int", "float", "str", "list", "dict" or "none"
+    (config.json keys whose type varies by checkpoint: an int or a string pattern)."""
+    if x is None:
+        return "none"
+    for t, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"),
+                    ((list, tuple), "list"), (dict, "dict")):
+        if isinstance(x, t):
+            return name
+    return type(x).__name__
+
+
 FUNCTIONS = {
-    "range": _range, "sin": math.sin, "cos": math.cos,
+    "range": _range, "typeof": _typeof, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor,

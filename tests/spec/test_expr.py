@@ -38,6 +38,8 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("[k for k in cfg]", ["a"]),
     ("[i for i in sizes] + [i]", [1, 2, 3, 5]),            # the loop's i shadows only inside
     ("[[d for d in range(r)] for r in sizes][2]", [0, 1, 2]),
+    ("[typeof(v) for v in [1, 1.5, 'a', True, None, sizes, cfg]]",
+     ["int", "float", "str", "bool", "none", "list", "dict"]),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
