@@ -135,7 +135,61 @@ def _attention_batch(args, rows, attrs):
     return [out.astype(q.dtype, copy=False), caches]
 
 
-RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _attention_run}
+def _masked_attention_run(args, attrs):
+    q, k, v, mask, *rest = args
+    k, v, new_cache = _with_cache(k, v, rest)
+    out = masked_attention(q, k, v, mask, _scale(attrs, q.shape[-1]), attrs["causal"],
+                           attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"])
+    out = out.astype(q.dtype, copy=False)
+    return [out] if new_cache is None else [out, new_cache]
+
+
+def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap) -> np.ndarray:
+    """Attention with a float (added) or bool (keys allowed) ``mask`` broadcasting to the
+    scores ``[..., Hq, S, T]``, in float32 NumPy: q ``[..., S, Hq, D]``, k, v ``[..., T,
+    Hkv, D|Dv]`` (k, v after the cache; their batch dims broadcast to q's)."""
+    *qb, s, hq, _ = q.shape
+    t, hkv = k.shape[-3], k.shape[-2]
+    qf = np.moveaxis(np.asarray(q, np.float32), -2, -3) * np.float32(scale)
+    kf = np.moveaxis(np.asarray(k, np.float32), -2, -3)
+    vf = np.moveaxis(np.asarray(v, np.float32), -2, -3)
+    if hq != hkv:                                       # query head h reads h // group
+        kf = np.repeat(kf, hq // hkv, axis=-3)
+        vf = np.repeat(vf, hq // hkv, axis=-3)
+    scores = np.matmul(qf, np.swapaxes(kf, -1, -2))    # [..., Hq, S, T]
+    want = tuple(scores.shape)
+    if tuple(np.broadcast_shapes(np.shape(mask), want)) != want:
+        raise ValueError(f"mask {list(np.shape(mask))} does not broadcast to the scores "
+                         f"{list(want)} (a batched step cannot cut a mask per sequence)")
+    if softcap:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+    pos = (t - s) + np.arange(s)[:, None]              # absolute position of each query
+    j = np.arange(t)[None, :]
+    if slopes is not None:
+        scores = scores + (np.asarray(slopes, np.float32)[:, None, None]
+                           * (j - pos).astype(np.float32))
+    visible = np.ones((s, t), bool)
+    if causal:
+        visible &= j <= pos
+    if window:
+        visible &= pos - j < window
+    mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        visible = visible & mask
+    else:
+        scores = scores + mask.astype(np.float32, copy=False)
+    scores = np.where(visible, scores, -np.inf).astype(np.float32, copy=False)
+    top = np.max(scores, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, np.float32(0))
+    e = np.where(np.isneginf(scores), np.float32(0), np.exp(scores - top))
+    total = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(total > 0, total, np.float32(1))
+    out = np.matmul(p, np.broadcast_to(vf, tuple(qb) + vf.shape[-3:]))   # [..., Hq, S, Dv]
+    return np.ascontiguousarray(np.moveaxis(out, -3, -2))
+
+
+RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _attention_run,
+       "masked_attention": _masked_attention_run}
 # ops whose sequences of a batched step run in one call (runtime._per_sequence)
 # (``fn(args, rows, attrs)``: row inputs of all sequences together, states per sequence;
 # returns the outputs with each state output a list, one per sequence, or None)

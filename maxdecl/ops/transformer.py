@@ -222,3 +222,58 @@ def attention():  # noqa: A001 - the signature comes from the definition
 
         out, cache = md.ops.attention(q, k, v, kv_cache=cache)
     """
+
+
+# -- attention with a mask -------------------------------------------------------------
+def _masked_attention_rule(inputs, attrs):
+    q, k, v, mask, *rest = inputs
+    outs = _attention_rule([q, k, v, *rest], attrs)
+    *qb, s, hq, _ = q.shape
+    t = k.shape[-3]
+    if rest and rest[0].rank >= 4:
+        t = _checks.add_dims(rest[0].shape[-3], t)
+    if mask.dtype not in (q.dtype, DType.bool):
+        raise TypeError(f"mask must be bool or q's dtype {q.dtype}, got {mask}")
+    scores = (*qb, hq, s, t)
+    try:
+        fits = mask.rank >= 2 and tuple(_checks.broadcast_shapes(mask.shape, scores)) == scores
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask{format_shape(mask.shape)} must broadcast to the scores "
+                         f"{format_shape(scores)} ([..., heads, queries, keys], the keys "
+                         "after the cache's)")
+    return outs
+
+
+define("masked_attention", rule=_masked_attention_rule, run="transformer",
+       inputs=("q", "k", "v", "mask"), optional=("kv_cache",),
+       attrs={"causal": True, "scale": None, "sliding_window": None, "alibi_slopes": None,
+              "softcap": None},
+       outputs=lambda n, attrs: 2 if n >= 5 else 1, normalize=_normalize_attention,
+       outputs_doc="out; with `kv_cache` also the new cache",
+       sequence_axis=-3, sequence_inputs=("q", "k", "v"), state={"kv_cache": 1},
+       kind="transformer",
+       doc="attention with an additive (float) or allowed-keys (bool) mask over the "
+           "scores [..., heads, queries, keys]",
+       rule_doc="as attention; mask bool or q's dtype, broadcasting to "
+                "[..., Hq, S, T_past + T]")
+
+
+@public
+def masked_attention():  # noqa: A001 - the signature comes from the definition
+    """``attention`` with a mask on the scores, as torch's
+    ``scaled_dot_product_attention(attn_mask=...)``.
+
+    ``mask`` broadcasts to the scores ``[..., Hq, S, T]`` (T: the keys after the
+    cache's): a float mask is added to them after the scale, soft-capping and ALiBi (T5's
+    relative position bias ``[heads, S, T]``, a padding mask of 0 and -inf ``[batch, 1,
+    1, T]``); a bool mask says which keys each query may see (True: may). ``causal``,
+    ``sliding_window``, ``alibi_slopes`` and ``softcap`` apply as in ``attention``
+    (``causal`` defaults to True: set it false for an encoder). A query that sees no key
+    gives zeros (torch gives NaN). Runs a plain float32 path, not the fused attention
+    kernels, and refuses a batched step (``rows=``: the mask cannot be cut per sequence).
+    """
+
+
+__all__ += ["masked_attention"]
