@@ -69,6 +69,7 @@ RUN = {
     "neg": _unary(np.negative), "abs": _unary(np.abs), "exp": _unary(np.exp),
     "log": _unary(np.log), "sqrt": _unary(np.sqrt), "rsqrt": _unary(_rsqrt),
     "tanh": _unary(np.tanh), "sin": _unary(np.sin), "cos": _unary(np.cos),
+    "expm1": _unary(np.expm1), "log1p": _unary(np.log1p),
     "relu": _unary(_relu),
     "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),

@@ -64,7 +64,7 @@ COMPARE = {"equal": "==", "not_equal": "!=", "greater": ">", "greater_equal": ">
 LOGICAL = {"logical_and": ("x", "y"), "logical_or": ("x", "y"), "logical_not": ("x",)}
 UNARY = ("neg", "abs", "relu")
 FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
-               "sin", "cos")
+               "sin", "cos", "expm1", "log1p")
 
 for _name in BINARY:
     define(_name, rule=_binary_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
@@ -86,6 +86,8 @@ _FLOAT_UNARY_DOC = {
            "frequencies, then sin and cos)",
     "cos": "elementwise cosine (radians)",
     "rsqrt": "elementwise 1 / sqrt(x)",
+    "expm1": "elementwise exp(x) - 1, exact near 0 (torch.expm1; xIELU's negative branch)",
+    "log1p": "elementwise log(1 + x), exact near 0 (torch.log1p)",
     "sigmoid": "elementwise 1 / (1 + exp(-x))",
     "silu": "elementwise x * sigmoid(x) (swish; HF hidden_act silu)",
     "gelu": "elementwise exact GELU, 0.5 * x * (1 + erf(x / sqrt(2))) (torch's default; "
@@ -151,7 +153,7 @@ add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # no
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 equal, not_equal, greater, greater_equal, less, less_equal = (public_op(n) for n in COMPARE)
 logical_and, logical_or, logical_not = (public_op(n) for n in LOGICAL)
-exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos = (
+exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos, expm1, log1p = (
     public_op(n) for n in FLOAT_UNARY)
 activation = public_op(
     "activation",

@@ -10,7 +10,7 @@ UNARY = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": F.relu,
     "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "sin": torch.sin, "cos": torch.cos,
+    "sin": torch.sin, "cos": torch.cos, "expm1": torch.expm1, "log1p": torch.log1p,
 }
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
           "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum}
@@ -19,8 +19,10 @@ BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary_matches_torch(name, rng):
     x = rng.standard_normal((3, 17)).astype(np.float32) * 3
-    if name in ("log", "sqrt", "rsqrt"):
+    if name in ("log", "sqrt", "rsqrt", "log1p"):
         x = np.abs(x) + 0.1
+    if name in ("expm1", "log1p"):
+        x[0, :5] = [1e-7, -3e-8, 2e-6, 0.0, 5e-5]        # where exp(x) - 1 loses digits
     out = run_op(getattr(md.ops, name), x)
     close(out, UNARY[name](torch.from_numpy(x)).numpy(), atol=2e-6, rtol=2e-6, label=name)
     assert out.dtype == np.float32
@@ -126,3 +128,10 @@ def test_clamp_bad_bounds_are_refused(attrs, match):
     g = md.Graph("t", [md.TensorType("float32", (3,))])
     with pytest.raises(md.GraphError, match=match):
         md.ops.clamp(g.inputs[0], **attrs)
+
+
+def test_expm1_and_log1p_keep_their_digits_near_zero():
+    x = np.array([1e-7, -3e-8, 2e-6], np.float32)
+    for name, ref in (("expm1", np.expm1), ("log1p", np.log1p)):
+        out = run_op(getattr(md.ops, name), x)
+        np.testing.assert_allclose(out, ref(x.astype(np.float64)), rtol=1e-6)
