@@ -89,8 +89,10 @@ def _layer_norm_run(args, attrs):
 
 
 def _rms_norm_run(args, attrs):
-    x, w = args
+    x, w = args if len(args) > 1 else (args[0], None)
     d = x.shape[-1] if x.ndim else 0
+    if w is None:                              # no weight: a gain of ones
+        w = _ones(d)
     if (x.dtype == np.float32 and w.dtype == np.float32 and w.shape == (d,) and 0 < x.size
             < PARALLEL_MIN_WORK and x.flags.c_contiguous and w.flags.c_contiguous):
         out = np.empty_like(x)                 # decode: one row, straight to the kernel
@@ -98,6 +100,20 @@ def _rms_norm_run(args, attrs):
                      out.reshape(-1, d))
         return [out]
     return [rms_norm(x, w, attrs["epsilon"]).astype(x.dtype, copy=False)]
+
+
+_ONES: dict = {}
+
+
+def _ones(d: int) -> np.ndarray:
+    """A read-only float32 vector of ``d`` ones, made once per size."""
+    w = _ONES.get(d)
+    if w is None:
+        w = np.ones(d, np.float32)
+        w.flags.writeable = False
+        if len(_ONES) < 64:
+            _ONES[d] = w
+    return w
 
 
 def _group_norm_run(args, attrs):

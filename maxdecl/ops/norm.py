@@ -39,12 +39,13 @@ def _norm_rule(inputs, attrs):
 
 
 def _rms_rule(inputs, attrs):
-    x, w = inputs
+    x, *w = inputs
     _checks.float_input(x)
-    _checks.no_bfloat16(x, w)
+    _checks.no_bfloat16(x, *w)
     if x.rank == 0:
         raise ValueError("rms_norm needs x of rank >= 1")
-    _check_weight(x, w, "weight")
+    if w:
+        _check_weight(x, w[0], "weight")
     return [x]
 
 
@@ -57,8 +58,10 @@ define("layer_norm", rule=_norm_rule, run="norm", inputs=("x", "gamma"), optiona
        doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis",
        rule_doc="x float; gamma, beta: x's trailing dims (1-D of the last dim, or more); "
                 "out: the type of x")
-define("rms_norm", rule=_rms_rule, run="norm", inputs=("x", "weight"), attrs={"epsilon": 1e-6},
-       normalize=_eps, kind="norm", doc="x * rsqrt(mean(x**2) + epsilon) * weight over the last axis",
+define("rms_norm", rule=_rms_rule, run="norm", inputs=("x",), optional=("weight",),
+       attrs={"epsilon": 1e-6}, normalize=_eps, kind="norm",
+       doc="x * rsqrt(mean(x**2) + epsilon) * weight over the last axis (no weight: a "
+           "gain of ones)",
        rule_doc="x float; weight: x's trailing dims (1-D of the last dim, or more); "
                 "out: the type of x")
 
@@ -145,5 +148,6 @@ def rms_norm():  # noqa: A001 - the signature comes from the definition
     hold ``1 + w``. On ``[seq, heads, head_dim]`` with a ``[head_dim]`` weight it is a
     per-head norm whose gain all heads share (Qwen3's and Gemma 3's q/k norms); a
     ``[heads, head_dim]`` weight gives each head its own gain (statistics still over the
-    last axis only).
+    last axis only). Without a weight the gain is 1 (Falcon Mamba's RMS norms of dt, B
+    and C, which have no parameters).
     """

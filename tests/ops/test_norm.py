@@ -91,3 +91,11 @@ def test_group_norm_refuses(kw, match):
     g = md.Graph("t", [md.TensorType("float32", (2, 5, 6)), md.TensorType("float32", (6,))])
     with pytest.raises(md.GraphError, match=match):
         md.ops.group_norm(g.inputs[0], g.inputs[1], **kw)
+
+
+def test_rms_norm_without_a_weight_has_a_gain_of_ones(rng):
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    ones = np.ones(7, np.float32)
+    np.testing.assert_array_equal(run_op(lambda v: md.ops.rms_norm(v, epsilon=1e-5), x),
+                                  run_op(lambda v, w: md.ops.rms_norm(v, w, epsilon=1e-5),
+                                         x, ones))
