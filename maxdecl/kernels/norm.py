@@ -136,5 +136,18 @@ def _group_norm_run(args, attrs):
     return [np.ascontiguousarray(y, dtype=x.dtype)]
 
 
+def _batch_norm_run(args, attrs):
+    x, mean, var, *affine = args
+    shape = (-1,) if attrs["channels_last"] else (-1,) + (1,) * (x.ndim - 2)
+    f32 = [np.asarray(a, np.float32).reshape(shape) for a in (mean, var, *affine)]
+    y = ((np.asarray(x, np.float32) - f32[0])
+         * (np.float32(1) / np.sqrt(f32[1] + np.float32(attrs["epsilon"]))))
+    if len(f32) > 2:
+        y = y * f32[2]
+    if len(f32) > 3:
+        y = y + f32[3]
+    return [np.ascontiguousarray(y, dtype=x.dtype)]
+
+
 RUN = {"layer_norm": _layer_norm_run, "rms_norm": _rms_norm_run,
-       "group_norm": _group_norm_run}  # ops/norm.py
+       "group_norm": _group_norm_run, "batch_norm": _batch_norm_run}  # ops/norm.py

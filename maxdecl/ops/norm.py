@@ -13,7 +13,7 @@ from ..dtypes import format_shape
 from . import _checks
 from ._registry import REQUIRED, define, public
 
-__all__ = ["layer_norm", "rms_norm", "group_norm"]
+__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm"]
 
 
 def _check_weight(x, w, what):
@@ -104,6 +104,50 @@ define("group_norm", rule=_group_rule, run="norm", inputs=("x", "gamma"), option
                 "groups; gamma, beta [channels]; out: the type of x")
 
 
+def _batch_rule(inputs, attrs):
+    x, *params = inputs
+    _checks.float_input(x)
+    _checks.no_bfloat16(x, *params)
+    if x.rank < 2:
+        raise ValueError(f"batch_norm needs x of rank >= 2 ([N, ..., C] or [N, C, ...]), "
+                         f"got x{format_shape(x.shape)}")
+    c = x.shape[-1] if attrs["channels_last"] else x.shape[1]
+    for p, what in zip(params, ("mean", "var", "gamma", "beta")):
+        _checks.float_input(p, what)
+        if p.rank != 1 or not _checks.dims_equal(p.shape[0], c):
+            raise ValueError(f"{what}{format_shape(p.shape)} must be [{c}] (one per channel "
+                             f"of x{format_shape(x.shape)})")
+    return [x]
+
+
+def _normalize_batch(a):
+    if float(a["epsilon"]) < 0:
+        raise ValueError(f"epsilon must be >= 0, got {a['epsilon']}")
+    return {**a, "epsilon": float(a["epsilon"]), "channels_last": bool(a["channels_last"])}
+
+
+define("batch_norm", rule=_batch_rule, run="norm", inputs=("x", "mean", "var"),
+       optional=("gamma", "beta"), attrs={"epsilon": 1e-5, "channels_last": True},
+       normalize=_normalize_batch, kind="norm",
+       doc="inference batch norm: (x - mean) / sqrt(var + epsilon) * gamma + beta with the "
+           "running statistics, per channel (torch.nn.BatchNorm2d in eval mode)",
+       rule_doc="x float, rank >= 2; mean, var, gamma, beta [channels] (last axis, or "
+                "axis 1); out: the type of x")
+
+
+@public
+def batch_norm():  # noqa: A001 - the signature comes from the definition
+    """Inference batch norm, as ``torch.nn.functional.batch_norm(..., training=False)``.
+
+    ``(x - mean) / sqrt(var + epsilon) * gamma + beta`` per channel, with the running
+    statistics ``mean`` and ``var`` (``[C]``; float32 math). ``gamma`` and ``beta`` are
+    optional (torch's ``affine=False``). ``channels_last`` (default): x ``[N, ..., C]``
+    as NHWC convolutions give it; false: torch's ``[N, C, ...]``. The statistics are
+    weights (``running_mean``, ``running_var``), so a checkpoint's BatchNorm maps to four
+    weights and one op.
+    """
+
+
 @public
 def group_norm():  # noqa: A001 - the signature comes from the definition
     """Group norm, as ``torch.nn.functional.group_norm``.
@@ -130,9 +174,8 @@ def layer_norm():  # noqa: A001 - the signature comes from the definition
     (StableLM 2 12B's and Command-R+'s per-head q/k norms), the statistics still over
     the last axis only. A LayerNorm without parameters (OLMo's) takes a constant of ones
     as ``gamma`` (in a spec: ``constants: {ones: {value: "{[1.0] * dim}"}}``).
-    Inference BatchNorm has no op of its own: on a channels-last value it is
-    ``(x - running_mean) * rsqrt(running_var + eps) * weight + bias``, each a
-    broadcasting elementwise op over ``[C]`` (specs/resnet.yaml).
+    Inference BatchNorm is ``batch_norm`` (specs/resnet.yaml writes it out with
+    elementwise ops, which computes the same).
 
     Example::
 

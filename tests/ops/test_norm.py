@@ -99,3 +99,28 @@ def test_rms_norm_without_a_weight_has_a_gain_of_ones(rng):
     np.testing.assert_array_equal(run_op(lambda v: md.ops.rms_norm(v, epsilon=1e-5), x),
                                   run_op(lambda v, w: md.ops.rms_norm(v, w, epsilon=1e-5),
                                          x, ones))
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("affine", [0, 1, 2])
+def test_batch_norm_matches_torch_eval(channels_last, affine, rng):
+    x = (rng.standard_normal((2, 5, 4, 6)) * 2 + 1).astype(np.float32)     # NHWC
+    mean, gamma, beta = (rng.standard_normal(6).astype(np.float32) for _ in range(3))
+    var = (rng.random(6) + 0.1).astype(np.float32)
+    first = np.ascontiguousarray(np.moveaxis(x, -1, 1))
+    ins = [mean, var, gamma, beta][:2 + affine]
+    out = run_op(lambda *v: md.ops.batch_norm(*v, epsilon=1e-3, channels_last=channels_last),
+                 x if channels_last else first, *ins)
+    ref = F.batch_norm(torch.from_numpy(first), torch.from_numpy(mean), torch.from_numpy(var),
+                       torch.from_numpy(gamma) if affine > 0 else None,
+                       torch.from_numpy(beta) if affine > 1 else None,
+                       training=False, eps=1e-3).numpy()
+    close(out, np.moveaxis(ref, 1, -1) if channels_last else ref, atol=3e-6, rtol=3e-6,
+          label="batch_norm")
+
+
+def test_batch_norm_statistics_must_be_per_channel():
+    g = md.Graph("t", [md.TensorType("float32", (2, 3, 6)), md.TensorType("float32", (5,)),
+                       md.TensorType("float32", (6,))])
+    with pytest.raises(md.GraphError, match=r"mean\[5\] must be \[6\]"):
+        md.ops.batch_norm(*g.inputs)
