@@ -8,6 +8,7 @@ What goes into the file:
     <arch>.* keys           ``formats.gguf.metadata`` inverted: each param's resolved value
                             under its key (``{arch}`` substituted); a GGUF source's other
                             keys of the same architecture are kept
+    ``formats.gguf.write``  constant keys no param gave (llama.cpp's required ones)
     value_length            = key_length when only key_length is known (llama.cpp would
                             otherwise take embedding_length / head_count)
     tokenizer.ggml.*        the source's own (a GGUF's arrays as they are), else the one
@@ -74,6 +75,8 @@ def gguf_metadata(spec, params: dict, source_meta: dict, td, file_type=None) -> 
             continue                  # the first param mapped to a key wins
         out[key] = value
         written.add(key)
+    for key, value in dict(section.get("write", {}) or {}).items():
+        out.setdefault(str(key).replace("{arch}", arch), value)   # constants llama.cpp needs
     k_len, v_len = f"{arch}.attention.key_length", f"{arch}.attention.value_length"
     if k_len in out and v_len not in out:
         out[v_len] = out[k_len]

@@ -112,3 +112,33 @@ def test_mamba_gguf_matches_hf(mamba, tmp_path):
     pre, dec = decoder_errors(g, td, ref, ids)
     print(f"mamba GGUF vs HF: prefill {pre:.2e}, decode {dec:.2e} (of max|ref|)")
     assert pre <= TOL and dec <= TOL
+
+
+def test_mamba_export_runs_in_llama_cpp(mamba, tmp_path):
+    """`maxdecl export` of the HF folder writes the keys llama.cpp's mamba loader requires
+    (context_length, feed_forward_length, head_count: formats.gguf.write); maxdecl reads
+    the file back, and llama.cpp (when installed) runs it with transformers' logits."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    model, path, ids, ref = mamba
+    out = tmp_path / "export.gguf"
+    subprocess.run([sys.executable, "-m", "maxdecl", "export", path, "--spec",
+                    "specs/mamba.yaml", "--variant", "tiny", "-o", str(out)],
+                   check=True, capture_output=True)
+    fields = gguf.GGUFReader(str(out)).fields
+    assert fields["mamba.context_length"].contents() == 1048576
+    assert fields["mamba.attention.head_count"].contents() == 0
+    g, td = load("mamba", str(out))
+    pre, dec = decoder_errors(g, td, ref, ids)
+    assert pre <= TOL and dec <= TOL
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    from modelhelp import llama_cpp_logits, with_tokenizer
+
+    tok = with_tokenizer(str(out), tmp_path / "export_tok.gguf", model.config.vocab_size)
+    assert rel_err(llama_cpp_logits(llama_cpp, tok, ids), ref) <= 5e-3
