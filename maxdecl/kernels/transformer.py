@@ -65,8 +65,10 @@ def _scale(attrs, d):
 
 
 def _rows_kernel(q, k, v) -> bool:
-    """Whether q, k, v (after the cache) take attention_rows: a few rows, no batch dims."""
-    return q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
+    """Whether q, k, v (after the cache) take attention_rows: a few rows, no batch dims,
+    at least as many keys as queries (cross-attention may have fewer: the general path)."""
+    return (q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
+            and k.shape[0] >= q.shape[0])
 
 
 def _attention_run(args, attrs):

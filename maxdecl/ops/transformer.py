@@ -236,7 +236,7 @@ def _masked_attention_rule(inputs, attrs):
         raise TypeError(f"mask must be bool or q's dtype {q.dtype}, got {mask}")
     scores = (*qb, hq, s, t)
     try:
-        fits = mask.rank >= 2 and tuple(_checks.broadcast_shapes(mask.shape, scores)) == scores
+        fits = tuple(_checks.broadcast_shapes(mask.shape, scores)) == scores
     except ValueError:
         fits = False
     if not fits:

@@ -107,3 +107,12 @@ def test_masks_that_do_not_fit_are_refused(shape, dtype, match):
                        md.TensorType("float32", (9, 4, 8)), md.TensorType(dtype, shape)])
     with pytest.raises(md.GraphError, match=match):
         md.ops.masked_attention(*g.inputs)
+
+
+def test_a_mask_of_any_rank_that_broadcasts(rng):
+    q = rng.standard_normal((5, 2, 4)).astype(np.float32)
+    k = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    v = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    whole = _run(q, k, v, np.ones((1, 1, 1), bool), causal=False)
+    for mask in (np.array(True), np.ones((1,), bool), np.zeros((3,), np.float32)):
+        np.testing.assert_allclose(_run(q, k, v, mask, causal=False), whole, rtol=1e-6)

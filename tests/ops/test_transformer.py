@@ -242,3 +242,18 @@ def test_attention_query_without_keys_gives_zeros(rng):
     out = run_op(md.ops.attention, q, k, v)
     assert not out[:, :2].any()
     close(out[:, 2:], attn_ref(q, k, v)[:, 2:], atol=1e-5)
+
+
+@pytest.mark.parametrize("s, t", [(13, 6), (3, 2), (40, 5)])
+def test_cross_attention_with_fewer_keys_than_queries(rng, s, t):
+    """With causal false, q may be longer than k and v (BART's decoder over a shorter
+    source): every query sees every key, as torch's SDPA."""
+    q = rng.standard_normal((2, s, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((2, t, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((2, t, 2, 8)).astype(np.float32)
+    for qq, kk, vv in ((q, k, v), (q[0], k[0], v[0])):          # with and without a batch dim
+        out = run_op(lambda *a: md.ops.attention(*a, causal=False), qq, kk, vv)
+        qt, kt, vt = (torch.from_numpy(a).movedim(-2, -3) for a in (qq, kk, vv))
+        ref = F.scaled_dot_product_attention(qt, kt.repeat_interleave(2, -3),
+                                             vt.repeat_interleave(2, -3)).movedim(-3, -2)
+        close(out, ref.numpy(), atol=2e-6, rtol=2e-5, label=f"cross {s} x {t}")
