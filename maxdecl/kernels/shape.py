@@ -33,6 +33,12 @@ def resolve_dims(target, in_dims, in_shape) -> list:
     return [-1 if v is None else v for v in out]
 
 
+def _unflatten(x, like, attrs):
+    axis = attrs["axis"] % x.ndim
+    sizes = tuple(like.shape[a] for a in attrs["like_axes"])
+    return x.reshape(x.shape[:axis] + sizes + x.shape[axis + 1:])
+
+
 def _split_run(args, attrs):
     x = args[0]
     cuts = np.cumsum(attrs["sizes"])[:-1]
@@ -71,5 +77,6 @@ RUN = {
     "expand_as": lambda args, attrs: [np.ascontiguousarray(np.broadcast_to(args[0],
                                                                            args[1].shape))],
     "tile": lambda args, attrs: [np.tile(args[0], attrs["repeats"])],
+    "unflatten": lambda args, attrs: [_unflatten(args[0], args[1], attrs)],
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
 }

@@ -16,7 +16,7 @@ from . import _checks
 from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
-           "expand_as"]
+           "expand_as", "unflatten"]
 
 
 def _reshape_rule(types, attrs):
@@ -249,6 +249,38 @@ define("expand_as", rule=_expand_as_rule, run="shape", inputs=("x", "like"), kin
        doc="x broadcast to the shape of like (torch's x.expand_as(like))",
        rule_doc="each dim of x 1 or equal to like's (trailing dims aligned); out: x's dtype, "
                 "like's shape; like's values are not read")
+def _unflatten_rule(inputs, attrs):
+    x, like = inputs
+    _checks.not_quantized(x)
+    axis, axes = attrs["axis"], attrs["like_axes"]
+    if not -x.rank <= axis < x.rank:
+        raise ValueError(f"axis {axis} is not an axis of x{format_shape(x.shape)}")
+    if not axes or any(not -like.rank <= a < like.rank for a in axes):
+        raise ValueError(f"like_axes {list(axes)} must name axes of like"
+                         f"{format_shape(like.shape)}")
+    axis %= x.rank
+    sizes = tuple(like.shape[a % like.rank] for a in axes)
+    if dims.differ(dims.mul(*sizes), x.shape[axis]):
+        raise ValueError(f"axis {axis} of x{format_shape(x.shape)} is {x.shape[axis]}, not "
+                         f"the product of like{format_shape(like.shape)}'s axes "
+                         f"{list(axes)} ({dims.mul(*sizes)})")
+    return [TensorType(x.dtype, x.shape[:axis] + sizes + x.shape[axis + 1:])]
+
+
+def _normalize_unflatten(a):
+    axes = a["like_axes"]
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (a["axis"], *axes)):
+        raise ValueError(f"axis and like_axes must be ints, got {a['axis']!r}, {a['like_axes']!r}")
+    return {**a, "like_axes": axes}
+
+
+define("unflatten", rule=_unflatten_rule, run="shape", inputs=("x", "like"),
+       attrs={"axis": REQUIRED, "like_axes": REQUIRED}, normalize=_normalize_unflatten,
+       kind="shape", doc="axis of x split into the sizes of like's like_axes "
+                         "(torch's x.unflatten(axis, like.shape[...]))",
+       rule_doc="x's axis is the product of like's like_axes; out: those dims in its place; "
+                "like's values are not read")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -275,6 +307,19 @@ def expand_as():  # noqa: A001 - the signature comes from the definition
     ``[1, 1, dim]`` becomes ``[n, 1, dim]`` for a batch of ``n`` images by
     ``expand_as(cls, like)`` with ``like`` any ``[n, 1, dim]`` value (a ``slice`` of the
     patch embeddings), before a ``concat``. Only the shape of ``like`` is used.
+    """
+
+
+@public
+def unflatten():  # noqa: A001 - the signature comes from the definition
+    """Axis ``axis`` of ``x`` split into the sizes of ``like``'s axes ``like_axes``, as
+    ``x.unflatten(axis, like.shape[...])`` in torch.
+
+    The sizes come from a value, so they may be symbolic dims that a spec cannot name,
+    such as a strided conv's output height and width (``win(...)``): tokens ``[n, H*W,
+    C]`` back to the feature map ``[n, H, W, C]`` they were flattened from is
+    ``unflatten(tokens, fmap, axis: 1, like_axes: [1, 2])`` (hierarchical vision
+    transformers: SegFormer, Swin). Only the shape of ``like`` is used.
     """
 
 

@@ -130,3 +130,27 @@ def test_reshape_infers_a_dim_through_a_conv_output_length():
     out = md.compile(g, {"w": np.ones((4, 1, 3, 1), np.float32)})(
         np.ones((2, 1, 11, 1), np.float32))[0]
     assert out.shape == (2, 5, 4) and np.all(out == 3)
+
+
+def test_unflatten_takes_sizes_from_another_value():
+    """Tokens [n, H*W, C] back to the feature map a strided conv made ([n, H, W, C],
+    H and W opaque win(...) dims): the sizes come from the map, by name at run time."""
+    g = md.Graph("t", [md.TensorType("float32", ("n", "h", "w", 2))])
+    w = g.weight("w", md.TensorType("float32", (2, 2, 2, 3)))                 # RSCF
+    fmap = md.ops.conv2d(g.inputs[0], w, stride=2)                               # [n, H, W, 3]
+    tokens = md.ops.reshape(fmap, shape=("n", -1, 3))                            # [n, H*W, 3]
+    back = md.ops.unflatten(md.ops.relu(tokens), fmap, axis=1, like_axes=[1, 2])
+    assert back.type.shape == fmap.type.shape
+    g.output([back, fmap])
+    x = np.random.default_rng(0).standard_normal((2, 7, 9, 2)).astype(np.float32)
+    out, ref = md.compile(g, {"w": np.ones((2, 2, 2, 3), np.float32)})(x)
+    np.testing.assert_array_equal(out, np.maximum(ref, 0))
+
+
+@pytest.mark.parametrize("kw, match", [({"axis": 1, "like_axes": [0]}, "not the product"),
+                                       ({"axis": 3, "like_axes": [0]}, "not an axis of x"),
+                                       ({"axis": 0, "like_axes": []}, "must name axes")])
+def test_unflatten_refuses_sizes_that_do_not_fit(kw, match):
+    g = md.Graph("t", [md.TensorType("float32", (6, 4)), md.TensorType("float32", (2, 3))])
+    with pytest.raises(md.GraphError, match=match):
+        md.ops.unflatten(*g.inputs, **kw)
