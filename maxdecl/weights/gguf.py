@@ -163,9 +163,12 @@ class _Cursor:
             for _ in range(count):            # the one sequential part: kept minimal
                 pos += unpack(buf, pos)[0] + 8
                 append(pos)
-        except (struct.error, OverflowError):  # a prefix past the end of the file
-            self.pos = ends[-1] if ends else first
+        except (struct.error, OverflowError):  # a prefix past the end of the file, or a
+            self.pos = ends[-1] if ends else first   # length past any offset
             self.need(8, what)
+            self.fail(f"corrupted GGUF: {what} holds a string whose length "
+                      f"({unpack(buf, self.pos)[0]:,} bytes, at offset {self.pos}) runs past "
+                      f"the end of the file ({size} bytes)")
         end = np.frombuffer(ends, np.int64) if count else np.zeros(0, np.int64)
         start = np.empty(count, np.int64)     # where each string's bytes begin
         if count:

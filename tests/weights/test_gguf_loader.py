@@ -313,3 +313,19 @@ def test_reading_a_gguf_does_not_import_gguf_py(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("length", [2**63 - 1, 2**64 - 1, 10**6])
+def test_a_string_length_past_any_offset_is_a_clear_error(tmp_path, length):
+    """A string array whose second length prefix is huge (found by the weights fuzzer:
+    2**63 - 1 overflowed the offsets and surfaced as a NumPy broadcast ValueError)."""
+    path = write_gguf(tmp_path / "s.gguf", {"w": (np.zeros(4, np.float32), None)},
+                      {"tokenizer.ggml.tokens": ["ab", "cd", "ef"]})
+    data = bytearray(path.read_bytes())
+    at = data.index(b"ab") + 2                       # the second string's u64 length
+    assert int.from_bytes(data[at:at + 8], "little") == 2
+    data[at:at + 8] = length.to_bytes(8, "little")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(md.WeightsError, match=r"bad\.gguf: .*tokenizer\.ggml\.tokens"):
+        md.load_weights(str(bad))
