@@ -78,5 +78,6 @@ RUN = {
                                                                            args[1].shape))],
     "tile": lambda args, attrs: [np.tile(args[0], attrs["repeats"])],
     "unflatten": lambda args, attrs: [_unflatten(args[0], args[1], attrs)],
+    "roll": lambda args, attrs: [np.roll(args[0], attrs["shifts"], attrs["axes"])],
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
 }

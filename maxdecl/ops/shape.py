@@ -16,7 +16,7 @@ from . import _checks
 from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
-           "expand_as", "unflatten"]
+           "expand_as", "unflatten", "roll"]
 
 
 def _reshape_rule(types, attrs):
@@ -281,6 +281,33 @@ define("unflatten", rule=_unflatten_rule, run="shape", inputs=("x", "like"),
                          "(torch's x.unflatten(axis, like.shape[...]))",
        rule_doc="x's axis is the product of like's like_axes; out: those dims in its place; "
                 "like's values are not read")
+def _roll_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    shifts, axes = attrs["shifts"], attrs["axes"]
+    if len(shifts) != len(axes) or not axes:
+        raise ValueError(f"roll needs one shift per axis, got shifts {list(shifts)} and axes "
+                         f"{list(axes)}")
+    if any(not -x.rank <= a < x.rank for a in axes):
+        raise ValueError(f"axes {list(axes)} must be axes of x{format_shape(x.shape)}")
+    return [x]
+
+
+def _normalize_roll(a):
+    out = {}
+    for key in ("shifts", "axes"):
+        v = a[key]
+        v = (v,) if isinstance(v, int) and not isinstance(v, bool) else tuple(v)
+        if any(isinstance(e, bool) or not isinstance(e, int) for e in v):
+            raise ValueError(f"roll {key} must be ints, got {a[key]!r}")
+        out[key] = v
+    return {**a, **out}
+
+
+define("roll", rule=_roll_rule, run="shape", attrs={"shifts": REQUIRED, "axes": REQUIRED},
+       normalize=_normalize_roll, kind="shape",
+       doc="elements shifted along axes, wrapping around (torch.roll, np.roll)",
+       rule_doc="one int shift per axis; out: the type of x")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -321,6 +348,14 @@ def unflatten():  # noqa: A001 - the signature comes from the definition
     ``unflatten(tokens, fmap, axis: 1, like_axes: [1, 2])`` (hierarchical vision
     transformers: SegFormer, Swin). Only the shape of ``like`` is used.
     """
+
+
+@public
+def roll():  # noqa: A001 - the signature comes from the definition
+    """``x`` with its elements shifted by ``shifts[i]`` along ``axes[i]``, those that fall
+    off one end coming back at the other (``torch.roll(x, shifts, dims)``). Swin's
+    shifted windows: ``roll(x, shifts: [-s, -s], axes: [1, 2])`` before the window
+    attention, ``[s, s]`` after."""
 
 
 @public

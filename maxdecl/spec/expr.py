@@ -128,8 +128,21 @@ def _typeof(x) -> str:
     return type(x).__name__
 
 
+def _sum(xs, start=0):
+    """``sum(xs)`` of numbers (running offsets: ``sum(sizes[:k])`` as
+    ``sum([sizes[j] for j in range(k)])``)."""
+    if not isinstance(xs, (list, tuple)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (*xs, start)):
+        raise ExprError(f"sum takes a list of numbers, got {xs!r}")
+    total = start
+    for v in xs:
+        budgets.check_binop("+", total, v)
+        total = total + v
+    return total
+
+
 FUNCTIONS = {
-    "range": _range, "typeof": _typeof, "sin": math.sin, "cos": math.cos,
+    "range": _range, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor,

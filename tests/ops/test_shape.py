@@ -154,3 +154,16 @@ def test_unflatten_refuses_sizes_that_do_not_fit(kw, match):
     g = md.Graph("t", [md.TensorType("float32", (6, 4)), md.TensorType("float32", (2, 3))])
     with pytest.raises(md.GraphError, match=match):
         md.ops.unflatten(*g.inputs, **kw)
+
+
+@pytest.mark.parametrize("shifts, axes", [([2], [0]), ([-1, 3], [1, 2]), ([5, -7], [-1, 0])])
+def test_roll_matches_torch(shifts, axes):
+    x = np.arange(2 * 5 * 4, dtype=np.float32).reshape(2, 5, 4)
+    out = run_op(lambda v: md.ops.roll(v, shifts=shifts, axes=axes), x)
+    np.testing.assert_array_equal(out, torch.roll(torch.from_numpy(x), shifts, axes).numpy())
+
+
+def test_roll_needs_a_shift_per_axis():
+    g = md.Graph("t", [md.TensorType("float32", (2, 3))])
+    with pytest.raises(md.GraphError, match="one shift per axis"):
+        md.ops.roll(g.inputs[0], shifts=[1, 2], axes=[0])

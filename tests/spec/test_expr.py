@@ -38,6 +38,8 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("[k for k in cfg]", ["a"]),
     ("[i for i in sizes] + [i]", [1, 2, 3, 5]),            # the loop's i shadows only inside
     ("[[d for d in range(r)] for r in sizes][2]", [0, 1, 2]),
+    ("[sum([sizes[j] for j in range(k)]) for k in range(4)]", [0, 1, 3, 6]),
+    ("sum([0.5, 1.5], 1)", 3.0),
     ("[typeof(v) for v in [1, 1.5, 'a', True, None, sizes, cfg]]",
      ["int", "float", "str", "bool", "none", "list", "dict"]),
 ])
@@ -69,6 +71,7 @@ def test_evaluates(text, want):
     ("f'{dim}'", "JoinedStr is not allowed"),
     ("range(10 ** 9)", "MAX_VALUE_SIZE"),
     ("range(1.5)", "range takes 1 to 3 integers"),
+    ("sum([1, 'a'])", "sum takes a list of numbers"),
     ("1 if dim\n  else 2 if", "it spans lines"),
 ])
 def test_refuses(text, fragment):
