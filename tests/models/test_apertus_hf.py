@@ -278,12 +278,15 @@ def test_the_eps_clamp_matters(cases, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-def test_gguf_without_xielu_gives_nan(scaled, tmp_path):
-    """A GGUF with neither the xielu.* keys nor xIELU tensors (llama.cpp refuses it) runs
-    with NaN fills, so its logits are not plausible numbers."""
+def test_gguf_without_xielu_takes_the_initial_values(scaled, tmp_path):
+    """A GGUF with neither the xielu.* keys nor xIELU tensors (llama.cpp refuses it), like
+    random weights, runs with transformers' initial XIELU values (alpha_p, alpha_n raw
+    softplus^-1(0.8) and softplus^-1(0.3), beta 0.5, eps -1e-6): finite logits."""
     path = apertus_to_gguf(scaled["model"], tmp_path / "bare.gguf", xielu=False)
     ours = md.load_model(spec_path("apertus"), path, variant="tiny")
-    assert np.isnan(np.asarray(ours.logits(scaled["ids"][:4]))).all()
+    assert np.isfinite(np.asarray(ours.logits(scaled["ids"][:4]))).all()
+    td = md.load_weights(path, spec=spec_path("apertus"), variant="tiny")
+    assert "blk.0.ffn_act.alpha_p" not in td          # a stand-in, not a bound tensor
 
 
 def test_gguf_with_wrong_length_xielu_arrays_is_refused(scaled, tmp_path):
