@@ -479,13 +479,9 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
     unexpected: list[str] = []
     split_of: dict[str, tuple] = {}   # target -> (part index, split rule)
     matched: dict[str, str] = {}      # source name -> the mapping key it matched
-
-    def source_key(name):
-        return matched[name]
-
     for name in td.keys():
         stack_at, m = None, None
-        bare = _without_prefix(name, prefixes, exact, patterns)
+        bare = _without_prefix(name, prefixes, exact, patterns) if prefixes else name
         if bare in exact:
             target = exact[bare]
             matched[name] = bare
@@ -508,7 +504,7 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
         if target is None:
             continue
         if not isinstance(target, str):        # a split: one target per part
-            rule = tensors[source_key(name)]
+            rule = tensors[matched[name]]
             names = [_PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), t)
                      if m is not None else t for t in rule["split"]]
             for k, part in enumerate(names):
