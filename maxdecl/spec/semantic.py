@@ -341,10 +341,9 @@ class Expander:
         before = len(self.problems)
         n = self.render(raw, env, rpos, "repeat")
         if n is None:
-            self.incomplete |= len(self.problems) > before
             if len(self.problems) == before:
                 self.problem(rpos, "repeat must be an integer >= 0, got None")
-                self.incomplete = True
+            self.incomplete = True
             return
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             self.incomplete = True
@@ -364,19 +363,17 @@ class Expander:
         if n == 0:
             self.unused(decl, set(env) | {decl.index})
             return
-        if not decl.index_given and decl.index in self.loop_indices and decl.index in env:
-            # inside another repeat: a 0/1 repeat (an optional part) keeps the enclosing
-            # index; a real loop must name its own
-            if n > 1 and _uses_name(decl, decl.index):
-                self.problem(rpos, f"a repeat inside another needs its own index: `i` is "
-                                   f"the enclosing repeat's (write `index: j` and use "
-                                   f"`{{j}}`)")
-                self.incomplete = True
-                return
-            if n <= 1:
-                if not self.unroll(decl, path):
-                    self.instance(decl, path, env, ns, wscope, blocks)
-                return
+        nested = (not decl.index_given and decl.index in self.loop_indices
+                  and decl.index in env)
+        if nested and n == 1:   # an optional part inside a repeat keeps its index
+            if not self.unroll(decl, path):
+                self.instance(decl, path, env, ns, wscope, blocks)
+            return
+        if nested and _uses_name(decl, decl.index):     # a real loop names its own
+            self.problem(rpos, "a repeat inside another needs its own index: `i` is the "
+                               "enclosing repeat's (write `index: j` and use `{j}`)")
+            self.incomplete = True
+            return
         self.loop_indices.append(decl.index)
         try:
             for k in range(n):
