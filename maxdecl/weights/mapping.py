@@ -20,7 +20,9 @@ saves an MoE's gate and up projections as one ``gate_up_proj [E, 2F, D]``::
       "model.layers.{i}.mlp.experts.gate_up_proj":
         {split: ["blk.{i}.ffn_gate_exps.weight", "blk.{i}.ffn_up_exps.weight"], axis: 1}
 
-QuantizedTensors split along any axis but the last (their blocks).
+QuantizedTensors split along any axis but the last (their blocks). ``interleaved: true``
+takes every n-th entry instead, part k from entry k (gate and up columns that alternate,
+gpt-oss's ``gate_up_proj[..., ::2]`` and ``[..., 1::2]``).
 
 ``{i}`` (any ``{name}``) matches a non-negative integer and is substituted into
 the target. One placeholder the target does not use **stacks**: the matching tensors
@@ -37,7 +39,10 @@ Transforms, applied in declaration order (after stacking):
   as llama.cpp's ``convert_hf_to_gguf.py`` does (``n`` = n_kv_heads for k).
   Works on arrays and on QuantizedTensors (whole rows move).
 - ``add: c`` -- ``w + c`` in float32 (Gemma: HF stores ``w``, GGUF ``1 + w``).
-- ``transpose: true`` -- swap the two axes of a 2-D tensor (arrays, bf16).
+- ``transpose: true`` -- swap the two axes of a 2-D tensor (arrays, bf16);
+  ``transpose: [2, 0, 1]`` -- the axes of an array of any rank in that order
+  (``np.transpose``: HF gpt-oss's experts ``[E, D, F]`` to GGUF's ``[E, F, D]`` is
+  ``[0, 2, 1]``).
 - ``exp: true`` -- ``exp(w)``; ``scale: c`` -- ``c * w`` (float32). Mamba's
   ``A = -exp(A_log)`` is ``{exp: true, scale: -1.0}``.
 - ``squeeze: axis`` -- drop an axis of size 1 (torch's depthwise ``[C, 1, K]`` conv
@@ -149,6 +154,8 @@ def _add(w, c):
 
 
 def _transpose(w, flag):
+    if isinstance(flag, list):                 # a permutation of the axes (any rank)
+        return _permute_axes(w, flag)
     if not flag:
         return w
     if isinstance(w, QuantizedTensor):
@@ -162,6 +169,18 @@ def _transpose(w, flag):
     if w.ndim != 2:
         raise WeightsError(f"transpose: expects a 2-D tensor, got shape {list(w.shape)}")
     return np.ascontiguousarray(w.T)
+
+
+def _permute_axes(w, perm: list):
+    if isinstance(w, QuantizedTensor):
+        raise WeightsError(f"transpose: a {w.encoding} tensor cannot have its axes permuted "
+                           "in its packed form")
+    w = np.asarray(w)
+    if (any(isinstance(p, bool) or not isinstance(p, int) for p in perm)
+            or sorted(p % max(w.ndim, 1) for p in perm) != list(range(w.ndim))):
+        raise WeightsError(f"transpose: {perm} is not a permutation of the {w.ndim} axes of "
+                           f"a tensor of shape {list(w.shape)}")
+    return np.ascontiguousarray(np.transpose(w, perm))
 
 
 def _float(w) -> np.ndarray:
@@ -351,7 +370,7 @@ def _split_targets(source: str, target) -> list[str]:
     """The target names of one mapping entry: a string, or a split's list (checked)."""
     if isinstance(target, str):
         return [target]
-    if not isinstance(target, dict) or set(target) - {"split", "axis", "sizes"} \
+    if not isinstance(target, dict) or set(target) - {"split", "axis", "sizes", "interleaved"} \
             or not isinstance(target.get("split"), list) or len(target["split"]) < 2 \
             or not all(isinstance(t, str) and t for t in target["split"]):
         raise WeightsError(f"mapping {source!r}: target must be a string, null or "
@@ -374,6 +393,13 @@ def _split_part(value, k: int, rule: dict, params: dict):
     axis %= len(shape)
     total = shape[axis]
     raw = rule.get("sizes")
+    if rule.get("interleaved"):                # part k: every n-th entry from k
+        if raw is not None or total % n:
+            raise WeightsError(f"an interleaved split cuts {total} along axis {axis} into "
+                               f"{n} equal parts, no sizes")
+        cut = [slice(None)] * len(shape)
+        cut[axis] = slice(k, None, n)
+        return _cut(value, tuple(cut), axis, total // n)
     if raw is None:
         if total % n:
             raise WeightsError(f"{total} along axis {axis} does not cut into {n} equal parts")
@@ -392,14 +418,20 @@ def _split_part(value, k: int, rule: dict, params: dict):
     start = sum(sizes[:k])
     cut = [slice(None)] * len(shape)
     cut[axis] = slice(start, start + sizes[k])
+    return _cut(value, tuple(cut), axis, sizes[k])
+
+
+def _cut(value, index: tuple, axis: int, size: int):
+    """``value[index]`` (a slice along ``axis`` of ``size`` entries) as a C-order copy;
+    a QuantizedTensor keeps its blocks (any axis but its last)."""
+    shape = tuple(value.shape)
     if isinstance(value, QuantizedTensor):
         if axis == len(shape) - 1:
             raise WeightsError("a quantized tensor splits along any axis but its last "
                                "(the blocks)")
-        data = np.ascontiguousarray(np.asarray(value.data)[tuple(cut)])
-        out_shape = shape[:axis] + (sizes[k],) + shape[axis + 1:]
-        return QuantizedTensor(data, out_shape, value.encoding)
-    return np.ascontiguousarray(np.asarray(value)[tuple(cut)])
+        data = np.ascontiguousarray(np.asarray(value.data)[index])
+        return QuantizedTensor(data, shape[:axis] + (size,) + shape[axis + 1:], value.encoding)
+    return np.ascontiguousarray(np.asarray(value)[index])
 
 
 def _param(value, params: dict, where: str):

@@ -95,3 +95,24 @@ def test_a_quantized_tensor_does_not_split_its_blocks():
                             (2, 64), "q8_0")
     with pytest.raises(WeightsError, match="any axis but its last"):
         remap(md.TensorDict({"w": qt}), {"w": {"split": ["a", "b"], "axis": 1}})
+
+
+def test_interleaved_split_takes_every_nth_entry():
+    w = np.arange(2 * 3 * 8, dtype=np.float32).reshape(2, 3, 8)       # gpt-oss gate_up
+    out = remap(md.TensorDict({"gu": w}),
+                {"gu": {"split": ["gate", "up"], "axis": -1, "interleaved": True}},
+                {"gate": {"transpose": [0, 2, 1]}})
+    np.testing.assert_array_equal(out["gate"], np.transpose(w[..., ::2], (0, 2, 1)))
+    np.testing.assert_array_equal(out["up"], w[..., 1::2])
+    with pytest.raises(WeightsError, match="interleaved split cuts 8 .* into 3 equal"):
+        remap(md.TensorDict({"gu": w}),
+              {"gu": {"split": ["a", "b", "c"], "axis": -1, "interleaved": True}})
+
+
+def test_transpose_by_a_permutation():
+    w = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    out = remap(md.TensorDict({"w": w}), {"w": "w"}, {"w": {"transpose": [2, 0, 1]}})
+    np.testing.assert_array_equal(out["w"], np.transpose(w, (2, 0, 1)))
+    assert out["w"].flags.c_contiguous
+    with pytest.raises(WeightsError, match="not a permutation of the 3 axes"):
+        remap(md.TensorDict({"w": w}), {"w": "w"}, {"w": {"transpose": [0, 0, 1]}})
