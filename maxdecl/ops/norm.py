@@ -66,14 +66,21 @@ define("rms_norm", rule=_rms_rule, run="norm", inputs=("x",), optional=("weight"
                 "out: the type of x")
 
 
+def _channels(op: str, inputs, attrs):
+    """The channel count of a per-channel norm's x (last axis, or axis 1), after the
+    checks its inputs share: float, no bfloat16, rank >= 2."""
+    x = inputs[0]
+    _checks.float_input(x)
+    _checks.no_bfloat16(*inputs)
+    if x.rank < 2:
+        raise ValueError(f"{op} needs x of rank >= 2 ([N, ..., C] or [N, C, ...]), "
+                         f"got x{format_shape(x.shape)}")
+    return x.shape[-1] if attrs["channels_last"] else x.shape[1]
+
+
 def _group_rule(inputs, attrs):
     x, *weights = inputs
-    _checks.float_input(x)
-    _checks.no_bfloat16(x, *weights)
-    if x.rank < 2:
-        raise ValueError(f"group_norm needs x of rank >= 2 ([N, ..., C] or [N, C, ...]), "
-                         f"got x{format_shape(x.shape)}")
-    c = x.shape[-1] if attrs["channels_last"] else x.shape[1]
+    c = _channels("group_norm", inputs, attrs)
     g = attrs["groups"]
     if not isinstance(c, int) or c % g:
         raise ValueError(f"{c} channels of x{format_shape(x.shape)} do not split "
@@ -106,12 +113,7 @@ define("group_norm", rule=_group_rule, run="norm", inputs=("x", "gamma"), option
 
 def _batch_rule(inputs, attrs):
     x, *params = inputs
-    _checks.float_input(x)
-    _checks.no_bfloat16(x, *params)
-    if x.rank < 2:
-        raise ValueError(f"batch_norm needs x of rank >= 2 ([N, ..., C] or [N, C, ...]), "
-                         f"got x{format_shape(x.shape)}")
-    c = x.shape[-1] if attrs["channels_last"] else x.shape[1]
+    c = _channels("batch_norm", inputs, attrs)
     for p, what in zip(params, ("mean", "var", "gamma", "beta")):
         _checks.float_input(p, what)
         if p.rank != 1 or not _checks.dims_equal(p.shape[0], c):

@@ -178,10 +178,10 @@ def _attention_rule(inputs, attrs):
     return [out, new]
 
 
+_ATTENTION_ATTRS = {"causal": True, "scale": None, "sliding_window": None,
+                    "alibi_slopes": None, "softcap": None}
 define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "v"),
-       optional=("kv_cache",),
-       attrs={"causal": True, "scale": None, "sliding_window": None, "alibi_slopes": None,
-              "softcap": None},
+       optional=("kv_cache",), attrs=dict(_ATTENTION_ATTRS),
        outputs=lambda n, attrs: 2 if n >= 4 else 1, normalize=_normalize_attention,
        outputs_doc="out; with `kv_cache` also the new cache",
        sequence_axis=-3, sequence_inputs=("q", "k", "v"), state={"kv_cache": 1},
@@ -247,9 +247,7 @@ def _masked_attention_rule(inputs, attrs):
 
 
 define("masked_attention", rule=_masked_attention_rule, run="transformer",
-       inputs=("q", "k", "v", "mask"), optional=("kv_cache",),
-       attrs={"causal": True, "scale": None, "sliding_window": None, "alibi_slopes": None,
-              "softcap": None},
+       inputs=("q", "k", "v", "mask"), optional=("kv_cache",), attrs=dict(_ATTENTION_ATTRS),
        outputs=lambda n, attrs: 2 if n >= 5 else 1, normalize=_normalize_attention,
        outputs_doc="out; with `kv_cache` also the new cache",
        sequence_axis=-3, sequence_inputs=("q", "k", "v"), state={"kv_cache": 1},
