@@ -7,9 +7,16 @@ with biases (top-2, softmax over the chosen router logits) through gpt-oss's cla
 SwiGLU (gate and up interleaved in HF's gate_up_proj). The first model keeps
 transformers' default YaRN RoPE (factor 32, truncate false); the second plain RoPE, its
 own layer_types, a swiglu_limit small enough that the clamps bite, and a tied output.
-Checked: logits of a prefill and of decode steps through the KV cache, negative
-controls (sinks, window, clamp), and a GGUF written as llama.cpp's converter does.
+The HF experts load straight into llama.cpp's layout (gate_up_proj cut apart by an
+interleaved split, the expert weights transposed). Checked: logits of a prefill and of
+decode steps through the KV cache, negative controls (sinks, window, clamp), the expert
+tensors as loaded from the HF folder and from a torch ``state_dict`` file, a GGUF written
+as llama.cpp's converter does, and ``maxdecl export`` of the HF folder (llama.cpp's
+tensor names, the same logits).
 """
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,7 +71,7 @@ def test_gpt_oss_config_from_hf(yarn_case, plain_case):
     _, _, got = hf_params("gpt_oss", yarn_case[1])
     assert (got["dim"], got["n_layers"], got["n_heads"], got["n_kv_heads"]) == (64, 2, 4, 2)
     assert (got["ffn_dim"], got["n_expert"], got["n_expert_used"]) == (32, 4, 2)
-    assert got["window"] == 4 and got["hf_layout"] is True
+    assert got["window"] == 4
     assert got["rope_type"] == "yarn" and got["rope_truncate"] is False
     assert got["rope_factor"] == 32.0 and got["rope_orig_ctx"] == 4096
     _, _, got = hf_params("gpt_oss", plain_case[1])
@@ -163,7 +170,63 @@ def test_gpt_oss_converter_gguf_matches_hf(tmp_path):
     path = gpt_oss_to_gguf(model, tmp_path / "g.gguf")
     ids = token_ids(256, seed=9)
     ours = md.load_model(spec_path("gpt_oss"), path, variant="tiny")
-    assert ours.params["hf_layout"] is False and ours.params["window"] == 4
+    assert ours.params["window"] == 4
     assert ours.params["rope_type"] == "none" and ours.params["n_layers"] == 3
     assert ours.weights["blk.0.ffn_gate_exps.weight"].shape == (4, 32, 64)
     assert_logits_match("gpt_oss converter GGUF", ours, ids, hf_logits(model, ids))
+
+
+def test_gpt_oss_hf_experts_load_in_llama_cpp_layout(yarn_case, tmp_path):
+    """gate_up_proj [E, D, 2F] (gate the even columns, up the odd ones) and its bias load
+    as ffn_gate_exps / ffn_up_exps [E, F, D], down_proj [E, F, D] as ffn_down_exps
+    [E, D, F]: from the saved folder and from a torch ``state_dict`` file alike."""
+    from safetensors.torch import save_file
+
+    model, path, _, _ = yarn_case
+    sd = hf_state(model)
+    lone = tmp_path / "state_dict.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(lone))
+    for src in (path, str(lone)):
+        td = md.load_weights(src, spec=spec_path("gpt_oss"), variant="tiny")
+        assert not [n for n in td.keys() if "_hf" in n or "gate_up" in n]
+        for i in range(2):
+            p = f"model.layers.{i}.mlp.experts."
+            gu, gub = sd[p + "gate_up_proj"], sd[p + "gate_up_proj_bias"]
+            want = {"ffn_gate_exps.weight": gu[:, :, ::2].transpose(0, 2, 1),
+                    "ffn_up_exps.weight": gu[:, :, 1::2].transpose(0, 2, 1),
+                    "ffn_gate_exps.bias": gub[:, ::2], "ffn_up_exps.bias": gub[:, 1::2],
+                    "ffn_down_exps.weight": sd[p + "down_proj"].transpose(0, 2, 1),
+                    "ffn_down_exps.bias": sd[p + "down_proj_bias"]}
+            for name, w in want.items():
+                got = np.asarray(td[f"blk.{i}.{name}"])
+                assert got.shape == w.shape, (src, name)
+                np.testing.assert_array_equal(got, w)
+        assert td["blk.0.ffn_gate_exps.weight"].shape == (4, 32, 64)
+        assert td["blk.0.ffn_down_exps.weight"].shape == (4, 64, 32)
+
+
+def test_gpt_oss_export_round_trip(yarn_case, tmp_path):
+    """`maxdecl export` of the HF folder writes llama.cpp's expert tensors (what its
+    converter writes), and the GGUF reads back with the same logits."""
+    pytest.importorskip("gguf")
+    model, path, ids, ref = yarn_case
+    out = tmp_path / "exported.gguf"
+    subprocess.run([sys.executable, "-m", "maxdecl", "export", "--spec", spec_path("gpt_oss"),
+                    "--variant", "tiny", "-o", str(out), path], check=True, capture_output=True)
+    exported = md.load_weights(out)
+    converted = md.load_weights(gpt_oss_to_gguf(model, tmp_path / "converter.gguf"))
+    assert not [n for n in exported.keys() if "_hf" in n or "gate_up" in n]
+    for i in range(2):
+        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            for kind in ("weight", "bias"):
+                key = f"blk.{i}.{name}.{kind}"
+                assert key in exported.keys(), key
+                got, want = (np.asarray(getattr(t[key], "dequantize", lambda: t[key])())
+                             for t in (exported, converted))
+                assert got.shape == want.shape, key
+                np.testing.assert_allclose(got, want, atol=1e-6 * np.abs(want).max(), err_msg=key)
+    assert exported["blk.0.ffn_gate_exps.weight"].shape == (4, 32, 64)
+    assert exported["blk.0.ffn_down_exps.weight"].shape == (4, 64, 32)
+    ours = tiny_model("gpt_oss", str(out))
+    assert ours.params["rope_truncate"] is False and ours.params["rope_type"] == "yarn"
+    assert_logits_match("gpt_oss (exported GGUF)", ours, ids, ref)
