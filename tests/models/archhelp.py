@@ -56,3 +56,16 @@ def decoder_errors(graph, weights, ref, ids, n_prompt: int = N_PROMPT) -> tuple[
         lg, state = s.step([ids[pos]], pos, state)
         dec.append(lg[-1])
     return rel_err(pre, ref[:n_prompt]), rel_err(np.stack(dec), ref[n_prompt:])
+
+
+def error_with_state_reset(graph, weights, ref, ids, reset: str = "",
+                           n_prompt: int = 12) -> float:
+    """The error of one decode step after a prefill of ``n_prompt`` tokens, with every
+    state whose name ends in ``reset`` (default: every state) set back to its empty
+    start (a negative control: a state that matters makes it large)."""
+    s = Stepper(graph, weights)
+    _, state = s.step(ids[:n_prompt], 0, s.initial_state())
+    zeros = s.initial_state()
+    state = {n: zeros[n] if n.endswith(reset) else v for n, v in state.items()}
+    lg, _ = s.step([ids[n_prompt]], n_prompt, state)
+    return rel_err(lg[-1], ref[n_prompt])
