@@ -491,3 +491,8 @@ def hf_case(model, folder):
     path = save_hf(model, folder)
     ids = token_ids(model.config.vocab_size)
     return model, path, ids, hf_logits(model, ids)
+
+
+def named_outputs(model, *inputs) -> dict:
+    """``{output name: array}`` of one call of a loaded model that is not a language model."""
+    return dict(zip(model.output_names, model(*inputs)))

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from modelhelp import TOL, randomize, rel_err, save_hf, spec_path, with_hf_config
+from modelhelp import (TOL, named_outputs, randomize, rel_err, save_hf, spec_path,
+                       with_hf_config)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -54,10 +55,6 @@ def case(request, tmp_path_factory):
     return request.param, model, path, x, ref
 
 
-def run(model, x) -> dict:
-    return dict(zip(model.graph.output_names, model(x)))
-
-
 def test_outputs_match_transformers(case):
     name, hf, path, x, ref = case
     m = md.load_model(SPEC, str(path))
@@ -70,7 +67,7 @@ def test_outputs_match_transformers(case):
                           "proj_dim": cfg.projection_dim, "image": cfg.image_size,
                           "patch": cfg.patch_size, "channels": cfg.num_channels,
                           "norm_eps": cfg.layer_norm_eps, "hidden_act": cfg.hidden_act}
-    got = run(m, x)
+    got = named_outputs(m, x)
     n_tokens = (cfg.image_size // cfg.patch_size) ** 2 + 1
     assert got["image_embeds"].shape == (N_IMAGES, cfg.projection_dim)
     assert got["last_hidden_state"].shape == (N_IMAGES, n_tokens, cfg.hidden_size)
@@ -79,7 +76,7 @@ def test_outputs_match_transformers(case):
     assert all(e <= TOL for e in errs.values())
     assert all(e < 1e-5 for e in errs.values())      # float32 throughout: much tighter than TOL
     # images are independent: one alone gives its row of the batch
-    one = run(m, x[1:2])
+    one = named_outputs(m, x[1:2])
     assert rel_err(one["image_embeds"], ref["image_embeds"][1:2]) < 1e-5
 
 
@@ -92,7 +89,7 @@ def test_activation_is_read_from_config(case):
     spec = with_hf_config(md.load_spec(SPEC), hidden_act=f"{{'{other}'}}")
     m = md.load_model(spec, md.load_weights(str(path)))
     assert m.params["hidden_act"] == other
-    assert rel_err(run(m, x)["image_embeds"], ref["image_embeds"]) > 3 * TOL
+    assert rel_err(named_outputs(m, x)["image_embeds"], ref["image_embeds"]) > 3 * TOL
 
 
 def test_embeddings_matter(case):
@@ -102,7 +99,7 @@ def test_embeddings_matter(case):
     for key in ("class_embd.weight", "pre_ln.bias"):
         td = md.load_weights(str(path), spec=SPEC)
         td[key] = np.zeros_like(np.asarray(td[key]))
-        got = run(md.load_model(SPEC, td), x)
+        got = named_outputs(md.load_model(SPEC, td), x)
         assert rel_err(got["image_embeds"], ref["image_embeds"]) > 10 * TOL, key
 
 
@@ -128,4 +125,4 @@ def test_full_clip_checkpoint_gives_its_image_features(tmp_path):
     ref = getattr(ref, "image_embeds", getattr(ref, "pooler_output", ref))
     ours = md.load_model(SPEC, str(path))
     assert ours.params["dim"] == 64 and ours.params["n_layers"] == 3
-    assert rel_err(run(ours, x)["image_embeds"], np.asarray(ref)) <= TOL
+    assert rel_err(named_outputs(ours, x)["image_embeds"], np.asarray(ref)) <= TOL

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from modelhelp import TOL, randomize, rel_err, save_hf, spec_path
+from modelhelp import TOL, named_outputs, randomize, rel_err, save_hf, spec_path
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -61,10 +61,6 @@ def images(cfg, n=N_IMAGES, seed=1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, c, s, s)).astype(np.float32)
 
 
-def run(model, x) -> dict:
-    return dict(zip(model.graph.output_names, model(x)))
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request, tmp_path_factory):
     model = make_dinov2(CASES[request.param])
@@ -87,7 +83,7 @@ def test_outputs_match_transformers(case):
     mlp = hf.encoder.layer[0].mlp
     hidden = (mlp.up_proj if cfg.use_swiglu_ffn else mlp.fc1).out_features
     assert m.params["ffn_dim"] == hidden
-    got = run(m, x)
+    got = named_outputs(m, x)
     assert list(got) == ["last_hidden_state", "pooler_output"]
     n_tokens = (cfg.image_size // cfg.patch_size) ** 2 + 1
     assert got["last_hidden_state"].shape == (N_IMAGES, n_tokens, cfg.hidden_size)
@@ -99,7 +95,7 @@ def test_outputs_match_transformers(case):
     assert all(e <= TOL for e in errs.values())
     assert all(e < 1e-5 for e in errs.values())      # float32 throughout: much tighter than TOL
     # images are independent: one alone gives its row of the batch
-    one = run(m, x[1:2])
+    one = named_outputs(m, x[1:2])
     for k in ref:
         assert rel_err(one[k], ref[k][1:2]) < 1e-5, k
 
@@ -112,7 +108,7 @@ def test_layer_scale_and_gate_matter(case):
     for k in list(td.keys()):
         if k.endswith((".ls1.weight", ".ls2.weight")):
             td[k] = np.ones_like(np.asarray(td[k]))
-    assert rel_err(run(md.load_model(SPEC, td), x)["last_hidden_state"],
+    assert rel_err(named_outputs(md.load_model(SPEC, td), x)["last_hidden_state"],
                    ref["last_hidden_state"]) > 10 * TOL
     if not hf.config.use_swiglu_ffn:
         return
@@ -122,7 +118,7 @@ def test_layer_scale_and_gate_matter(case):
             g, u = f"blk.{i}.ffn_gate.{w}", f"blk.{i}.ffn_up.{w}"
             a, b = np.asarray(td[g]), np.asarray(td[u])
             td[g], td[u] = b.copy(), a.copy()
-    assert rel_err(run(md.load_model(SPEC, td), x)["last_hidden_state"],
+    assert rel_err(named_outputs(md.load_model(SPEC, td), x)["last_hidden_state"],
                    ref["last_hidden_state"]) > 10 * TOL
 
 
@@ -143,12 +139,12 @@ def test_state_dict_names_and_classifier_checkpoint(tmp_path):
     assert "encoder.layer.0.mlp.gate_proj.weight" in sd
     save_file(sd, str(raw / "model.safetensors"), metadata={"format": "pt"})
     (raw / "config.json").write_text(json.dumps(model.dinov2.config.to_dict()))
-    got = run(md.load_model(SPEC, str(raw)), x)
+    got = named_outputs(md.load_model(SPEC, str(raw)), x)
     for k in ref:
         assert rel_err(got[k], ref[k]) < 1e-5, k
 
     path = save_hf(model, tmp_path / "classifier")
-    got = run(md.load_model(SPEC, str(path)), x)
+    got = named_outputs(md.load_model(SPEC, str(path)), x)
     for k in ref:
         assert rel_err(got[k], ref[k]) < 1e-5, k
 

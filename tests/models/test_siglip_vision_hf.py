@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from modelhelp import TOL, randomize, rel_err, save_hf, spec_path
+from modelhelp import TOL, named_outputs, randomize, rel_err, save_hf, spec_path
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -57,10 +57,6 @@ def case(request, tmp_path_factory):
     return request.param, model, path, x, ref
 
 
-def run(model, x) -> dict:
-    return dict(zip(model.graph.output_names, model(x)))
-
-
 def test_outputs_match_transformers(case):
     name, hf, path, x, ref = case
     m = md.load_model(SPEC, str(path))
@@ -73,7 +69,7 @@ def test_outputs_match_transformers(case):
                           "image": cfg.image_size, "patch": cfg.patch_size,
                           "channels": cfg.num_channels, "norm_eps": cfg.layer_norm_eps,
                           "hidden_act": cfg.hidden_act, "use_head": cfg.vision_use_head}
-    got = run(m, x)
+    got = named_outputs(m, x)
     # the graph's outputs: last_hidden_state, then pooler_output only with the head
     assert list(got) == list(ref)
     n_patches = (cfg.image_size // cfg.patch_size) ** 2
@@ -83,7 +79,7 @@ def test_outputs_match_transformers(case):
     assert all(e <= TOL for e in errs.values())
     assert all(e < 1e-5 for e in errs.values())      # float32 throughout: much tighter than TOL
     # images are independent: one alone gives its row of the batch
-    one = run(m, x[1:2])
+    one = named_outputs(m, x[1:2])
     for k in ref:
         assert rel_err(one[k], ref[k][1:2]) < 1e-5, k
 
@@ -98,17 +94,17 @@ def test_head_weights_matter(tmp_path_factory):
     with torch.no_grad():
         ref = model(pixel_values=torch.from_numpy(x)).pooler_output.numpy()
     base = md.load_weights(str(path), spec=SPEC)
-    assert rel_err(run(md.load_model(SPEC, base), x)["pooler_output"], ref) < 1e-5
+    assert rel_err(named_outputs(md.load_model(SPEC, base), x)["pooler_output"], ref) < 1e-5
 
     td = md.load_weights(str(path), spec=SPEC)
     td["head.probe"] = np.zeros_like(np.asarray(td["head.probe"]))
-    assert rel_err(run(md.load_model(SPEC, td), x)["pooler_output"], ref) > 10 * TOL
+    assert rel_err(named_outputs(md.load_model(SPEC, td), x)["pooler_output"], ref) > 10 * TOL
 
     td = md.load_weights(str(path), spec=SPEC)
     for w in ("weight", "bias"):
         k, v = np.asarray(td[f"head.attn_k.{w}"]), np.asarray(td[f"head.attn_v.{w}"])
         td[f"head.attn_k.{w}"], td[f"head.attn_v.{w}"] = v.copy(), k.copy()
-    assert rel_err(run(md.load_model(SPEC, td), x)["pooler_output"], ref) > 10 * TOL
+    assert rel_err(named_outputs(md.load_model(SPEC, td), x)["pooler_output"], ref) > 10 * TOL
 
 
 def test_prefixed_checkpoint_loads(tmp_path):
@@ -128,7 +124,7 @@ def test_prefixed_checkpoint_loads(tmp_path):
     x = np.random.default_rng(4).standard_normal((2, 3, s, s)).astype(np.float32)
     with torch.no_grad():
         ref = model(pixel_values=torch.from_numpy(x)).last_hidden_state.numpy()
-    got = run(md.load_model(SPEC, str(dst)), x)
+    got = named_outputs(md.load_model(SPEC, str(dst)), x)
     assert list(got) == ["last_hidden_state"]
     assert rel_err(got["last_hidden_state"], ref) < 1e-5
 
@@ -151,6 +147,6 @@ def test_full_siglip_checkpoint_gives_its_vision_tower(tmp_path):
         ref = model.vision_model(pixel_values=torch.from_numpy(x))
     ours = md.load_model(SPEC, str(path))
     assert ours.params["dim"] == 64 and ours.params["use_head"] is True
-    got = run(ours, x)
+    got = named_outputs(ours, x)
     assert rel_err(got["last_hidden_state"], ref.last_hidden_state.numpy()) < 1e-5
     assert rel_err(got["pooler_output"], ref.pooler_output.numpy()) < 1e-5
