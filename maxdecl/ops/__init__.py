@@ -32,6 +32,7 @@ from .norm import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .conv_transpose import *  # noqa: F403
 from .pool import *  # noqa: F403
+from .interpolate import *  # noqa: F403
 from .transformer import *  # noqa: F403
 from .experts import *  # noqa: F403
 from .ssm import *  # noqa: F403

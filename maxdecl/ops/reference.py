@@ -10,7 +10,7 @@ from ._registry import REGISTRY, REQUIRED
 _KINDS = [("elementwise", "Elementwise"), ("shape", "Shape"), ("reduction", "Reductions"),
           ("linalg", "Linear algebra"), ("norm", "Normalization"),
           ("transformer", "Transformer"), ("conv", "Convolution"), ("pool", "Pooling"),
-          ("ssm", "State-space")]
+          ("resample", "Resampling"), ("ssm", "State-space")]
 
 
 def _attr(name, default) -> str:

@@ -1,0 +1,103 @@
+"""Runtime of ``interpolate``: one spatial axis at a time (the last first, as torch's
+separable kernels nest them), each output sample a weighted sum of gathered input
+samples, in float32. The source positions and weights follow torch's
+``area_pixel_compute_source_index`` and its cubic coefficients (a = -0.75)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.interpolate import out_size, spatial_axes
+
+_F = np.float32
+CUBIC_A = _F(-0.75)
+
+
+def _step(n_in: int, n_out: int, factor, align_corners: bool):
+    """The sampling step (input units per output unit) as torch computes it, float32."""
+    if align_corners:
+        return _F((n_in - 1) / (n_out - 1)) if n_out > 1 else _F(0)
+    if factor is not None and factor > 0:
+        return _F(1.0 / factor)
+    return _F(n_in) / _F(n_out)
+
+
+def _source(n_in, n_out, factor, align_corners, cubic):
+    """Real source position of every output sample (float32)."""
+    step = _step(n_in, n_out, factor, align_corners)
+    dst = np.arange(n_out, dtype=_F)
+    if align_corners:
+        return step * dst
+    src = step * (dst + _F(0.5)) - _F(0.5)
+    return src if cubic else np.maximum(src, _F(0))
+
+
+def _taps(mode, n_in, n_out, factor, align_corners):
+    """(indices, weights) per tap: each a length-n_out array (weights None: one tap)."""
+    last = n_in - 1
+    if mode in ("nearest", "nearest-exact"):
+        step = _step(n_in, n_out, factor, False)
+        dst = np.arange(n_out, dtype=_F)
+        if mode == "nearest-exact":
+            dst = dst + _F(0.5)
+        if mode == "nearest" and n_out == n_in:
+            idx = np.arange(n_out)
+        elif mode == "nearest" and n_out == 2 * n_in:
+            idx = np.arange(n_out) >> 1
+        else:
+            idx = np.minimum(np.floor(dst * step).astype(np.int64), last)
+        return [(idx, None)]
+    src = _source(n_in, n_out, factor, align_corners, mode == "cubic")
+    base = np.floor(src)
+    if mode == "linear":
+        i0 = np.minimum(base.astype(np.int64), last)
+        lam = np.clip(src - i0.astype(_F), _F(0), _F(1)).astype(_F)
+        i1 = np.where(i0 < last, i0 + 1, i0)
+        return [(i0, _F(1) - lam), (i1, lam)]
+    t = (src - base).astype(_F)
+    a = CUBIC_A
+    near = lambda x: ((a + _F(2)) * x - (a + _F(3))) * x * x + _F(1)             # noqa: E731
+    far = lambda x: ((a * x - _F(5) * a) * x + _F(8) * a) * x - _F(4) * a     # noqa: E731
+    u = _F(1) - t
+    weights = (far(t + _F(1)), near(t), near(u), far(u + _F(1)))
+    i = base.astype(np.int64)
+    return [(np.clip(i - 1 + k, 0, last), w) for k, w in enumerate(weights)]
+
+
+def _along(x, axis, taps):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    out = None
+    for idx, w in taps:
+        term = np.take(x, idx, axis=axis)
+        if w is not None:
+            term = term * w.reshape(shape)
+        out = term if out is None else out + term
+    return out
+
+
+def _per_dim(value, nd):
+    if value is None:
+        return (None,) * nd
+    return tuple(value) if isinstance(value, tuple) else (value,) * nd
+
+
+def _run(args, attrs):
+    x, *like = args
+    axes = spatial_axes(x.ndim, attrs["channels_last"])
+    sizes = _per_dim(attrs["size"], len(axes))
+    if like:
+        sizes = tuple(like[0].shape[ax] for ax in axes)
+    factors = _per_dim(attrs["scale_factor"], len(axes))
+    y = np.asarray(x, _F)
+    for ax, size, factor in reversed(list(zip(axes, sizes, factors))):
+        n_in = y.shape[ax]
+        n_out = size if size is not None else out_size(n_in, factor)
+        if n_in < 1 or n_out < 1:
+            raise ValueError(f"interpolate of an axis of {n_in} samples to {n_out}: both "
+                             f"must be at least 1")
+        y = _along(y, ax, _taps(attrs["mode"], n_in, n_out, factor, attrs["align_corners"]))
+    return [np.ascontiguousarray(y, dtype=x.dtype)]
+
+
+RUN = {"interpolate": _run}

@@ -1,0 +1,152 @@
+"""``interpolate``: resampling of 1-D, 2-D or 3-D spatial data to a new size, as torch's
+``nn.functional.interpolate`` (modes nearest, nearest-exact, linear, cubic).
+
+x is ``[N, *spatial, C]`` (``channels_last``, the default, as the NHWC convolutions give
+it) or torch's ``[N, C, *spatial]``; rank 3, 4 or 5 gives 1, 2 or 3 spatial dims. The
+new size comes from ``size`` (one int per spatial dim, or one int for all) or from
+``scale_factor`` (a number or one per dim: ``floor(in * factor)``, and the factor itself
+sets the sampling step, as torch does when ``recompute_scale_factor`` is not set).
+``linear`` is torch's linear / bilinear / trilinear by rank, ``cubic`` its bicubic
+(2-D in torch; here any rank, one axis after another); ``align_corners`` as in torch. With the optional input ``like``, the spatial sizes are
+like's (segmentation heads resize every feature map to the first one's size, which may
+be symbolic); like's values are not read.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import dims as symbolic
+from ..dtypes import TensorType, format_shape
+from . import _checks
+from ._registry import define, public
+
+__all__ = ["interpolate"]
+
+MODES = ("nearest", "nearest-exact", "linear", "cubic")
+MAX_SIZE = 1 << 24          # an output dim above this is refused (a typo, not a model)
+
+
+def _per_dim(value, nd: int, what: str, kind):
+    """``value`` (a number or one per spatial dim) as a tuple of ``nd`` entries."""
+    vals = (value,) * nd if isinstance(value, (int, float)) else tuple(value)
+    if len(vals) != nd:
+        raise ValueError(f"{what} needs one entry per spatial dim ({nd}), got {list(vals)}")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, kind) or not (v > 0) or v != v:
+            raise ValueError(f"{what} entries must be positive "
+                             f"{'ints' if kind is int else 'numbers'}, got {value!r}")
+    return vals
+
+
+def _normalize(a):
+    mode = str(a["mode"])
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if a["align_corners"] and mode not in ("linear", "cubic"):
+        raise ValueError(f"align_corners applies to modes linear and cubic, not {mode!r}")
+    out = {**a, "mode": mode, "align_corners": bool(a["align_corners"]),
+           "channels_last": bool(a["channels_last"])}
+    for key, kind in (("size", int), ("scale_factor", (int, float))):
+        v = a[key]
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, list, tuple)):
+            raise ValueError(f"{key} must be a number or a list of numbers, got {v!r}")
+        if isinstance(v, (list, tuple)):
+            v = tuple(v)
+        out[key] = v
+        _per_dim(v, len(v) if isinstance(v, tuple) else 1, key, kind)   # entry types
+    return out
+
+
+def spatial_axes(rank: int, channels_last: bool) -> tuple:
+    """The spatial axes of an ``interpolate`` input of ``rank``."""
+    return tuple(range(1, rank - 1)) if channels_last else tuple(range(2, rank))
+
+
+def out_size(size, factor: float) -> int:
+    """``floor(size * factor)``, torch's output length for a scale factor."""
+    return int(math.floor(size * factor))
+
+
+def _out_dim(d, size, factor):
+    if size is not None:
+        return size
+    if isinstance(d, int):
+        n = out_size(d, factor)
+        if n < 1:
+            raise ValueError(f"scale_factor {factor} leaves no output of input size {d}")
+        return n
+    if float(factor).is_integer():
+        return symbolic.mul(d, int(factor))
+    return f"interp({d},{factor!r})"
+
+
+def _rule(inputs, attrs):
+    x, *like = inputs
+    given = (attrs["size"] is not None) + (attrs["scale_factor"] is not None) + len(like)
+    if given != 1:
+        raise ValueError("interpolate needs exactly one of size, scale_factor and the "
+                         "input like")
+    _checks.not_quantized(x)
+    _checks.no_bfloat16(x)
+    _checks.float_input(x)
+    if x.rank not in (3, 4, 5):
+        raise ValueError(f"interpolate needs x of rank 3, 4 or 5 (1 to 3 spatial dims "
+                         f"between batch and channels), got {format_shape(x.shape)}")
+    axes = spatial_axes(x.rank, attrs["channels_last"])
+    nd = len(axes)
+    sizes = (_per_dim(attrs["size"], nd, "size", int) if attrs["size"] is not None
+             else (None,) * nd)
+    factors = (_per_dim(attrs["scale_factor"], nd, "scale_factor", (int, float))
+               if attrs["scale_factor"] is not None else (None,) * nd)
+    shape = list(x.shape)
+    if like:
+        if like[0].rank != x.rank:
+            raise ValueError(f"like{format_shape(like[0].shape)} must have x's rank "
+                             f"({x.rank}): its spatial dims give the output's")
+        sizes = tuple(like[0].shape[ax] for ax in axes)
+    for ax, size, factor in zip(axes, sizes, factors):
+        shape[ax] = _out_dim(x.shape[ax], size, factor)
+        if isinstance(shape[ax], int) and shape[ax] > MAX_SIZE:
+            raise ValueError(f"interpolate output dim {shape[ax]} is over {MAX_SIZE}")
+    return [TensorType(x.dtype, tuple(shape))]
+
+
+define("interpolate", rule=_rule, run="interpolate", optional=("like",),
+       attrs={"size": None, "scale_factor": None, "mode": "nearest", "align_corners": False,
+              "channels_last": True},
+       normalize=_normalize, kind="resample",
+       doc="resampling to a new spatial size (torch.nn.functional.interpolate): nearest, "
+           "nearest-exact, linear (bi-, trilinear), cubic",
+       rule_doc="x float, rank 3 to 5 ([N, *spatial, C], or [N, C, *spatial] without "
+                "channels_last); one of size, scale_factor (per spatial dim) and like (x's "
+                "rank; its spatial dims); out: x's type with the new spatial sizes")
+
+
+@public
+def interpolate():  # noqa: A001 - the signature comes from the definition
+    """Resample the spatial dims of ``x``, as ``torch.nn.functional.interpolate``.
+
+    x: ``[N, *spatial, C]`` (``channels_last``, default) or ``[N, C, *spatial]``, with
+    1, 2 or 3 spatial dims. Give exactly one of ``size`` (an int, or one per spatial
+    dim), ``scale_factor`` (a number or one per dim: the output is ``floor(in *
+    factor)`` and the sampling step ``1 / factor``, torch's default) and the input
+    ``like``, a value of x's rank and layout whose spatial dims the output takes
+    (torch's ``size=other.shape[2:]``; they may be symbolic). Modes:
+
+    * ``nearest``: source index ``floor(out * in / out_size)`` (torch's legacy nearest);
+    * ``nearest-exact``: ``floor((out + 0.5) * in / out_size)`` (PIL, scikit-image);
+    * ``linear``: linear, bilinear or trilinear by the number of spatial dims;
+    * ``cubic``: cubic convolution with a = -0.75 (torch's bicubic; edge indices
+      clamped), along one axis after another.
+
+    ``align_corners`` (linear, cubic) maps the corner samples onto each other, as in
+    torch. float32 math.
+
+    Example::
+
+        y = md.ops.interpolate(x, size=(64, 64), mode="linear")   # x: [N, H, W, C]
+        y = md.ops.interpolate(x, scale_factor=2)                 # nearest, 2x
+    """
