@@ -282,7 +282,8 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     try:
         graph = build(spec, td, spec.variant, params)
     except WeightsError as e:
-        raise WeightsError(f"{source} do not fit {spec.file}: {e}") from None
+        why = str(e).removeprefix(f"{spec.file}: ")       # the file is named once
+        raise WeightsError(f"the weights from {source} do not fit {spec.file}: {why}") from None
     full, _ = variant_env(spec, spec.variant, params)     # what build unrolled with
     if tokenizer is not None:
         if isinstance(tokenizer, (str, os.PathLike)):
