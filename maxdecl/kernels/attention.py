@@ -27,16 +27,19 @@ from .vmath import expf
 
 
 @numba.njit(cache=CACHE, fastmath=FASTMATH, inline="always")
-def _softmax_inplace(sc, n):
-    # sc[:n] <- softmax(sc[:n]), the max subtracted first (both attention kernels)
+def _softmax_inplace(sc, n, sink):
+    # sc[:n] <- softmax(sc[:n]) with the logit ``sink`` in the denominator only (an
+    # attention sink; -inf: none, and the same bits as without), the max subtracted first
     m = sc[0]
     for j in range(1, n):
         m = max(m, sc[j])
+    m = max(m, sink)
     tot = np.float32(0)
     for j in range(n):
         e = expf(sc[j] - m)
         sc[j] = e
         tot += e
+    tot += expf(sink - m)
     inv = np.float32(1) / tot
     for j in range(n):
         sc[j] *= inv
@@ -57,10 +60,12 @@ QB = MR = W = KC = 0
 MICRO = None
 
 
-def _attention_src(q, kt, v, out, T, scale, causal, window, slopes, softcap, q_offset):
+def _attention_src(q, kt, v, out, T, scale, causal, window, slopes, softcap, q_offset,
+                   sinks):
     # q: (B, S, Hq, D) f32; kt: (B, Hkv, D, Tp) f32, K transposed, zero past T;
     # v: (B, Hkv, Tp, Dvp) f32, zero past T and Dv; out: (B, S, Hq, Dv) f32 (Tp, Dvp:
-    # multiples of W); slopes: (Hq,) f32 ALiBi slopes (all 0: none)
+    # multiples of W); slopes: (Hq,) f32 ALiBi slopes (all 0: none); sinks: (Hq,) f32
+    # sink logits (all -inf: none)
     # query i sits at absolute position q_offset + i; it sees key j when j <= pos (causal)
     # and pos - j < window (window > 0); score = softcap*tanh(s/softcap) + slope*(j - pos)
     B, S, Hq, D = q.shape
@@ -114,7 +119,7 @@ def _attention_src(q, kt, v, out, T, scale, causal, window, slopes, softcap, q_o
             if slope != 0:
                 for j in range(lo, hi):
                     row[j] += slope * np.float32(j - pos)
-            _softmax_inplace(row[lo:hi], n)
+            _softmax_inplace(row[lo:hi], n, sinks[h])
             row[lo_u:lo] = 0.0
             row[hi:hi_u] = 0.0
         for i in range(rows, QB):
@@ -153,7 +158,7 @@ def _attention_twins(lanes: int):
 
 
 @njit_twins(fastmath=FASTMATH)
-def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offset):
+def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offset, sinks):
     # Few query rows (decode): k, v read in place, no transposes.
     # q: (B, S, Hq, D) f32; k: (B, T, Hkv, D) f32; v: (B, T, Hkv, Dv) f32
     # out: (B, S, Hq, Dv) f32; same masks and score order as _attention
@@ -187,7 +192,7 @@ def _attention_few(q, k, v, out, scale, causal, window, slopes, softcap, q_offse
                 t = softcap * math.tanh(t / softcap)
             t += slopes[h] * np.float32(lo + j - pos)
             sc[j] = t
-        _softmax_inplace(sc, n)
+        _softmax_inplace(sc, n, sinks[h])
         for j in range(n):
             p = sc[j]
             vr = v[b, lo + j, hk]
@@ -232,8 +237,26 @@ def _check_shapes(q, k, v, slopes) -> None:
         raise ValueError(f"attention: {np.size(slopes)} alibi slopes for {Hq} query heads")
 
 
-def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.ndarray:
-    """q: (B, S, Hq, D), k: (B, T, Hkv, D), v: (B, T, Hkv, Dv) -> (B, S, Hq, Dv) float32."""
+def head_values(values, hq: int, absent: float) -> np.ndarray:
+    """A float32 vector of one value per query head (ALiBi slopes, sink logits), or the
+    read-only ``absent`` fill when ``values`` is None."""
+    if values is None:
+        key = (hq, absent)
+        fill = _FILLS.get(key)
+        if fill is None:
+            fill = _FILLS[key] = np.full(hq, absent, np.float32)
+            fill.flags.writeable = False
+        return fill
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(hq)
+
+
+_FILLS: dict = {}
+
+
+def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset,
+              sinks=None) -> np.ndarray:
+    """q: (B, S, Hq, D), k: (B, T, Hkv, D), v: (B, T, Hkv, Dv) -> (B, S, Hq, Dv) float32;
+    ``sinks``: None or one logit per query head that joins each softmax's denominator."""
     _check_shapes(q, k, v, slopes)
     if q.shape[1] <= _FEW_ROWS:
         qc = np.ascontiguousarray(q, dtype=np.float32)
@@ -241,12 +264,11 @@ def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.n
         vc = np.ascontiguousarray(v, dtype=np.float32)
         B, S, Hq, _ = qc.shape
         out = np.empty((B, S, Hq, vc.shape[3]), np.float32)
-        sl = (np.zeros(Hq, np.float32) if slopes is None
-              else np.asarray(slopes, dtype=np.float32).reshape(Hq))
         if out.size:
             pick(_attention_few, Hq * S * kc.shape[1] * qc.shape[3])(
-                qc, kc, vc, out, np.float32(scale), bool(causal), int(window or 0), sl,
-                np.float32(softcap or 0.0), int(q_offset))
+                qc, kc, vc, out, np.float32(scale), bool(causal), int(window or 0),
+                head_values(slopes, Hq, 0.0), np.float32(softcap or 0.0), int(q_offset),
+                head_values(sinks, Hq, -np.inf))
         return out
     lanes = default_lanes()
     qc = np.ascontiguousarray(q, dtype=np.float32)
@@ -260,10 +282,9 @@ def attention(q, k, v, scale, causal, window, slopes, softcap, q_offset) -> np.n
     vp[:, :, :T, :Dv] = np.transpose(v, (0, 2, 1, 3))
     S, Hq = qc.shape[1], qc.shape[2]
     out = np.empty((B, S, Hq, Dv), np.float32)
-    sl = (np.zeros(Hq, np.float32) if slopes is None
-          else np.asarray(slopes, dtype=np.float32).reshape(Hq))
     if out.size:
         pick(_attention_twins(lanes), Hq * S * T * D)(
-            qc, kt, vp, out, T, np.float32(scale), bool(causal), int(window or 0), sl,
-            np.float32(softcap or 0.0), int(q_offset))
+            qc, kt, vp, out, T, np.float32(scale), bool(causal), int(window or 0),
+            head_values(slopes, Hq, 0.0), np.float32(softcap or 0.0), int(q_offset),
+            head_values(sinks, Hq, -np.inf))
     return out

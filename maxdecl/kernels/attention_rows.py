@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 
 from ._dispatch import njit_twins, pick
 from .aligned import address
-from .attention import _key_range, _softmax_inplace
+from .attention import _key_range, _softmax_inplace, head_values
 from .config import CACHE, FASTMATH
 
 
@@ -41,7 +41,7 @@ def _f32_pointer(typingctx, addr):
 # own way, and the parallel and serial twins gave results 1 ulp apart (measured).
 # As one function, every twin and task split runs the same machine code (tested).
 @numba.njit(cache=CACHE, fastmath=FASTMATH)
-def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, softcap):
+def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, softcap, sinks):
     # out[i, h] <- softmax(scale * q[i, h] . k[lo:hi, hk]) @ v[lo:hi, hk] for the nh query
     # heads h0.. of key/value head hk. Each key and value row is read once for all of
     # them; every head's sums run in the same order whatever nh.
@@ -67,7 +67,7 @@ def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, sof
                 t += slopes[h0 + g] * np.float32(lo + j - pos)
                 sc[g, j] = t
         for g in range(nh):
-            _softmax_inplace(sc[g], n)
+            _softmax_inplace(sc[g], n, sinks[h0 + g])
         for j in range(n):
             vr = v[lo + j, hk]
             for g in range(nh):
@@ -80,7 +80,8 @@ def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, sof
 
 
 @njit_twins(fastmath=FASTMATH)
-def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, softcap, per):
+def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, softcap, per,
+                    sinks):
     # q: (R, Hq, D) f32; rows[i] = (sequence, absolute position) of query row i;
     # seqs[s] = (address of the keys, of the values, length T) of sequence s: keys
     # (T, hkv, D) and values (T, hkv, Dv) float32, C order. A task: row i, ``per``
@@ -96,7 +97,7 @@ def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, soft
         k = numba.carray(_f32_pointer(seqs[s, 0]), (seqs[s, 2], hkv, D))
         v = numba.carray(_f32_pointer(seqs[s, 1]), (seqs[s, 2], hkv, Dv))
         _attend(q, i, h0, per, h0 // group, k, v, rows[i, 1], out, scale, causal, window,
-                slopes, softcap)
+                slopes, softcap, sinks)
 
 
 @numba.njit(cache=CACHE)
@@ -132,25 +133,13 @@ def write_rows(k: np.ndarray, v: np.ndarray, dst: np.ndarray) -> None:
 # (4 query heads, 1 key/value head, 128-192 keys; 2 threads), alternating runs of
 # bench/profile_ops.py: 87 and 76 us a call serially, 62 and 54 us spread.
 SPREAD_MIN_WORK = 1 << 16
-_ZEROS: dict = {}
-
-
-def _zeros(n: int) -> np.ndarray:
-    """A read-only float32 zero vector of n (no ALiBi slopes), made once per n."""
-    z = _ZEROS.get(n)
-    if z is None:
-        z = _ZEROS[n] = np.zeros(n, np.float32)
-        z.flags.writeable = False
-    return z
-
-
 def _f32_c(a) -> np.ndarray:
     if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous):
         a = np.ascontiguousarray(a, dtype=np.float32)
     return a
 
 
-def check_rows(q_shapes: list, ks: list, vs: list, slopes) -> None:
+def check_rows(q_shapes: list, ks: list, vs: list, slopes, sinks=None) -> None:
     """ValueError unless every sequence's q ``(S_i, Hq, D)``, k ``(T_i, Hkv, D)`` and v
     ``(T_i, Hkv, Dv)`` agree in heads and sizes, with S_i <= T_i and Hkv dividing Hq."""
     hq, d = q_shapes[0][1:]
@@ -163,29 +152,31 @@ def check_rows(q_shapes: list, ks: list, vs: list, slopes) -> None:
                                for qs, k, v in zip(q_shapes, ks, vs))
             raise ValueError(f"attention: sequences must agree in heads and head_dim, with "
                              f"k and v of one length at least q's: {shapes}")
-    check_heads(hq, hkv, slopes)
+    check_heads(hq, hkv, slopes, sinks)
 
 
-def check_heads(hq: int, hkv: int, slopes) -> None:
+def check_heads(hq: int, hkv: int, slopes, sinks=None) -> None:
     """ValueError unless the ``hkv`` key/value heads divide the ``hq`` query heads and
-    ALiBi ``slopes`` (or None) has one per query head."""
+    ALiBi ``slopes`` and attention ``sinks`` (or None) have one per query head."""
     if hq and (hkv == 0 or hq % hkv):
         raise ValueError(f"attention: query heads {hq} must be a multiple of key/value "
                          f"heads {hkv}")
     if slopes is not None and np.size(slopes) != hq:
         raise ValueError(f"attention: {np.size(slopes)} alibi slopes for {hq} query heads")
+    if sinks is not None and np.size(sinks) != hq:
+        raise ValueError(f"attention: {np.size(sinks)} sink logits for {hq} query heads")
 
 
 def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, window,
-                   slopes, softcap) -> list:
+                   slopes, softcap, sinks=None) -> list:
     """Per sequence i: q ``(S_i, Hq, D)``, k ``(T_i, Hkv, D)``, v ``(T_i, Hkv, Dv)`` (the
     queries are the last S_i of the T_i positions) -> outs ``(S_i, Hq, Dv)`` float32."""
     if not qs:
         return []
-    check_rows([q.shape for q in qs], ks, vs, slopes)
+    check_rows([q.shape for q in qs], ks, vs, slopes, sinks)
     sizes = [x.shape[0] for x in qs]
     out = packed_rows(_f32_c(qs[0] if len(qs) == 1 else np.concatenate(qs)), sizes, ks, vs,
-                      scale, causal, window, slopes, softcap)
+                      scale, causal, window, slopes, softcap, sinks=sinks)
     if len(qs) == 1:
         return [out]
     outs, start = [], 0
@@ -196,7 +187,8 @@ def attention_rows(qs: list, ks: list, vs: list, scale: float, causal: bool, win
 
 
 def packed_rows(q: np.ndarray, sizes: list, ks: list, vs: list, scale: float, causal: bool,
-                window, slopes, softcap, addresses: list | None = None) -> np.ndarray:
+                window, slopes, softcap, addresses: list | None = None,
+                sinks=None) -> np.ndarray:
     """``attention_rows`` on the query rows of every sequence one after another in ``q``
     ``(sum sizes, Hq, D)`` float32 C order (``check_rows`` done by the caller) ->
     ``(sum sizes, Hq, Dv)`` float32. ``addresses``: each sequence's (keys, values) data
@@ -208,20 +200,21 @@ def packed_rows(q: np.ndarray, sizes: list, ks: list, vs: list, scale: float, ca
         vs = [_f32_c(v) for v in vs]
         addresses = [(address(k), address(v)) for k, v in zip(ks, vs)]
     seqs = np.array([(ak, av, t) for (ak, av), t in zip(addresses, lengths)], np.int64)
-    return table_rows(q, sizes, seqs, hkv, dv, scale, causal, window, slopes, softcap)
+    return table_rows(q, sizes, seqs, hkv, dv, scale, causal, window, slopes, softcap, sinks)
 
 
 def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
-               scale: float, causal: bool, window, slopes, softcap) -> np.ndarray:
+               scale: float, causal: bool, window, slopes, softcap,
+               sinks=None) -> np.ndarray:
     """``packed_rows`` with each sequence's keys and values given as one row of ``seqs``
     ``(S, 3)`` int64: (keys address, values address, length T), buffers of ``(T, hkv,
     D)`` and ``(T, hkv, dv)`` float32 in C order that the caller keeps alive (a KV cache
-    whose shapes it checked)."""
+    whose shapes it checked). ``sinks``: None or one logit per query head that joins
+    each softmax's denominator (gpt-oss)."""
     hq, d = q.shape[1:]
     lengths = seqs[:, 2].tolist()
     rows = np.array([(s, t - n + i) for s, (n, t) in enumerate(zip(sizes, lengths))
                      for i in range(n)], np.int64).reshape(-1, 2)
-    sl = _zeros(hq) if slopes is None else np.asarray(slopes, dtype=np.float32).reshape(hq)
     out = np.empty((q.shape[0], hq, dv), np.float32)
     if out.size:
         work = hq * d * sum(n * t for n, t in zip(sizes, lengths))
@@ -231,6 +224,7 @@ def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
         kernel = (_attention_rows[0] if idle and hq > hkv and work >= SPREAD_MIN_WORK
                   else pick(_attention_rows, work))
         per = 1 if idle and kernel is _attention_rows[0] else hq // hkv
-        kernel(q, rows, seqs, hkv, out, np.float32(scale), bool(causal), int(window or 0), sl,
-               np.float32(softcap or 0.0), per)
+        kernel(q, rows, seqs, hkv, out, np.float32(scale), bool(causal), int(window or 0),
+               head_values(slopes, hq, 0.0), np.float32(softcap or 0.0), per,
+               head_values(sinks, hq, -np.inf))
     return out

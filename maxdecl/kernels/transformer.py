@@ -71,20 +71,27 @@ def _rows_kernel(q, k, v) -> bool:
             and k.shape[0] >= q.shape[0])
 
 
+def _sinks(rest):
+    """The sink logits among an attention node's optional inputs (kv_cache, sinks)."""
+    return None if len(rest) < 2 else np.asarray(rest[1], np.float32).reshape(-1)
+
+
 def _attention_run(args, attrs):
     kern = attention
     q, k, v, *rest = args
+    sinks = _sinks(rest)
     if (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
             and k.shape[0] == q.shape[0] == v.shape[0]):   # decode: as one batched sequence
-        out, caches = _attention_batch([q, k, v, [rest[0]]], [q.shape[0]], attrs)
+        out, caches = _attention_batch([q, k, v, [rest[0]], *rest[1:]], [q.shape[0]], attrs)
         return [out, caches[0]]
-    k, v, new_cache = _with_cache(k, v, rest)
+    k, v, new_cache = _with_cache(k, v, rest[:1])
     if _rows_kernel(q, k, v):
-        check_rows([q.shape], [k], [v], attrs["alibi_slopes"])
+        check_rows([q.shape], [k], [v], attrs["alibi_slopes"], sinks)
         out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), [q.shape[0]], [k], [v],
                           _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
                           attrs["alibi_slopes"], attrs["softcap"],
-                          [kv_addresses(new_cache) if new_cache is not None else None])
+                          [kv_addresses(new_cache) if new_cache is not None else None],
+                          sinks=sinks)
         out = out.astype(q.dtype, copy=False)
         return [out] if new_cache is None else [out, new_cache]
     *qb, s, hq, d = q.shape
@@ -99,7 +106,7 @@ def _attention_run(args, attrs):
         v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
     scale = _scale(attrs, d)
     out = kern.attention(q3, k3, v3, scale, attrs["causal"], attrs["sliding_window"],
-                         attrs["alibi_slopes"], attrs["softcap"], t - s)
+                         attrs["alibi_slopes"], attrs["softcap"], t - s, sinks)
     out = out.reshape(batch + (s, hq, v.shape[-1])).astype(q.dtype, copy=False)
     return [out] if new_cache is None else [out, new_cache]
 
@@ -111,8 +118,9 @@ def _attention_batch(args, rows, attrs):
     q, k, v, *rest = args
     if not (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and max(rows) <= FEW_ROWS):
         return None
+    sinks = _sinks(rest)
     if q.shape[2] == k.shape[2]:
-        check_heads(q.shape[1], k.shape[1], attrs["alibi_slopes"])
+        check_heads(q.shape[1], k.shape[1], attrs["alibi_slopes"], sinks)
         grown = reserve_rows(rest[0], k, v, rows)     # the steady state: room in place
         if grown is not None:
             dst, seqs, caches = grown
@@ -120,7 +128,7 @@ def _attention_batch(args, rows, attrs):
             out = table_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), seqs,
                              k.shape[1], v.shape[2], _scale(attrs, q.shape[-1]),
                              attrs["causal"], attrs["sliding_window"], attrs["alibi_slopes"],
-                             attrs["softcap"])
+                             attrs["softcap"], sinks)
             return [out.astype(q.dtype, copy=False), caches]
     caches, keys, values, start = [], [], [], 0
     for n, past in zip(rows, rest[0]):
@@ -129,27 +137,30 @@ def _attention_batch(args, rows, attrs):
         values.append(vv)
         caches.append(cache)
         start += n
-    check_rows([(n,) + q.shape[1:] for n in rows], keys, values, attrs["alibi_slopes"])
+    check_rows([(n,) + q.shape[1:] for n in rows], keys, values, attrs["alibi_slopes"], sinks)
     out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), keys, values,
                       _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
                       attrs["alibi_slopes"], attrs["softcap"],
-                      [kv_addresses(c) for c in caches])
+                      [kv_addresses(c) for c in caches], sinks=sinks)
     return [out.astype(q.dtype, copy=False), caches]
 
 
 def _masked_attention_run(args, attrs):
     q, k, v, mask, *rest = args
-    k, v, new_cache = _with_cache(k, v, rest)
+    k, v, new_cache = _with_cache(k, v, rest[:1])
     out = masked_attention(q, k, v, mask, _scale(attrs, q.shape[-1]), attrs["causal"],
-                           attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"])
+                           attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"],
+                           _sinks(rest))
     out = out.astype(q.dtype, copy=False)
     return [out] if new_cache is None else [out, new_cache]
 
 
-def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap) -> np.ndarray:
+def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap,
+                     sinks=None) -> np.ndarray:
     """Attention with a float (added) or bool (keys allowed) ``mask`` broadcasting to the
     scores ``[..., Hq, S, T]``, in float32 NumPy: q ``[..., S, Hq, D]``, k, v ``[..., T,
-    Hkv, D|Dv]`` (k, v after the cache; their batch dims broadcast to q's)."""
+    Hkv, D|Dv]`` (k, v after the cache; their batch dims broadcast to q's); ``sinks``:
+    None or one logit per query head joining each softmax's denominator."""
     *qb, s, hq, _ = q.shape
     t, hkv = k.shape[-3], k.shape[-2]
     qf = np.moveaxis(np.asarray(q, np.float32), -2, -3) * np.float32(scale)
@@ -182,9 +193,18 @@ def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap) -> n
         scores = scores + mask.astype(np.float32, copy=False)
     scores = np.where(visible, scores, -np.inf).astype(np.float32, copy=False)
     top = np.max(scores, axis=-1, keepdims=True)
+    sink = None
+    if sinks is not None:
+        if np.size(sinks) != hq:
+            raise ValueError(f"masked_attention: {np.size(sinks)} sink logits for {hq} "
+                             f"query heads")
+        sink = np.asarray(sinks, np.float32).reshape(hq, 1, 1)
+        top = np.maximum(top, sink)
     top = np.where(np.isfinite(top), top, np.float32(0))
     e = np.where(np.isneginf(scores), np.float32(0), np.exp(scores - top))
     total = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - top)
     p = e / np.where(total > 0, total, np.float32(1))
     out = np.matmul(p, np.broadcast_to(vf, tuple(qb) + vf.shape[-3:]))   # [..., Hq, S, Dv]
     return np.ascontiguousarray(np.moveaxis(out, -3, -2))

@@ -137,10 +137,11 @@ def _normalize_attention(attrs):
 def _attention_rule(inputs, attrs):
     q, k, v, *rest = inputs
     cache = rest[0] if rest else None
+    sinks = rest[1] if len(rest) > 1 else None
     for val, what in ((q, "q"), (k, "k"), (v, "v")) + (((cache, "kv_cache"),) if rest else ()):
         _checks.float_input(val, what)
     _checks.no_bfloat16(q)
-    _checks.same_dtype(q, k, v, *rest)
+    _checks.same_dtype(q, k, v, *rest[:1])
     if q.rank < 3 or k.rank != q.rank or v.rank != q.rank:
         raise ValueError(f"q, k, v must share a rank >= 3 ([..., seq, heads, head_dim]); got "
                          f"q{format_shape(q.shape)}, k{format_shape(k.shape)}, "
@@ -164,6 +165,11 @@ def _attention_rule(inputs, attrs):
     if slopes is not None and len(slopes) != hq:
         raise ValueError(f"alibi_slopes has {len(slopes)} values, expected one per query "
                          f"head ({hq})")
+    if sinks is not None:
+        _checks.float_input(sinks, "sinks")
+        if sinks.rank != 1 or not _checks.dims_equal(sinks.shape[0], hq):
+            raise ValueError(f"sinks{format_shape(sinks.shape)} must be [{hq}]: one logit "
+                             f"per query head")
     out = TensorType(q.dtype, (*qb, s, hq, dv))
     if cache is None:
         return [out]
@@ -181,7 +187,7 @@ def _attention_rule(inputs, attrs):
 _ATTENTION_ATTRS = {"causal": True, "scale": None, "sliding_window": None,
                     "alibi_slopes": None, "softcap": None}
 define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "v"),
-       optional=("kv_cache",), attrs=dict(_ATTENTION_ATTRS),
+       optional=("kv_cache", "sinks"), attrs=dict(_ATTENTION_ATTRS),
        outputs=lambda n, attrs: 2 if n >= 4 else 1, normalize=_normalize_attention,
        outputs_doc="out; with `kv_cache` also the new cache",
        sequence_axis=-3, sequence_inputs=("q", "k", "v"), state={"kv_cache": 1},
@@ -189,7 +195,7 @@ define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "
        doc="grouped-query attention on [..., seq, heads, head_dim]; with kv_cache also "
            "returns the new cache",
        rule_doc="q [..., S, Hq, D], k [..., T, Hkv, D], v [..., T, Hkv, Dv], Hq a multiple of "
-                "Hkv, one float dtype; kv_cache [2, ..., T_past, Hkv, D] -> "
+                "Hkv, one float dtype; kv_cache [2, ..., T_past, Hkv, D]; sinks [Hq] -> "
                 "out [..., S, Hq, Dv] (and cache [2, ..., T_past + T, Hkv, D])")
 
 
@@ -218,9 +224,16 @@ def attention():  # noqa: A001 - the signature comes from the definition
     ``(out, new_cache)`` with ``new_cache`` ``[2, ..., T_past + T, Hkv, D]``;
     without it, returns ``out`` ``[..., S, Hq, Dv]``.
 
+    ``sinks`` ``[Hq]`` (after ``kv_cache``): one learned logit per query head that joins
+    every softmax's denominator and takes no value (gpt-oss's attention sinks: the
+    probabilities of ``softmax([s_0 .. s_T, sink_h])`` without the last). It comes
+    after the cache in ``in:``; a graph without a cache passes an empty one (a
+    ``[2, 0, Hkv, D]`` input or constant) to reach it.
+
     Example::
 
         out, cache = md.ops.attention(q, k, v, kv_cache=cache)
+        out, cache = md.ops.attention(q, k, v, cache, sinks)
     """
 
 
@@ -247,7 +260,8 @@ def _masked_attention_rule(inputs, attrs):
 
 
 define("masked_attention", rule=_masked_attention_rule, run="transformer",
-       inputs=("q", "k", "v", "mask"), optional=("kv_cache",), attrs=dict(_ATTENTION_ATTRS),
+       inputs=("q", "k", "v", "mask"), optional=("kv_cache", "sinks"),
+       attrs=dict(_ATTENTION_ATTRS),
        outputs=lambda n, attrs: 2 if n >= 5 else 1, normalize=_normalize_attention,
        outputs_doc="out; with `kv_cache` also the new cache",
        sequence_axis=-3, sequence_inputs=("q", "k", "v"), state={"kv_cache": 1},
@@ -269,8 +283,9 @@ def masked_attention():  # noqa: A001 - the signature comes from the definition
     1, T]``); a bool mask says which keys each query may see (True: may). ``causal``,
     ``sliding_window``, ``alibi_slopes`` and ``softcap`` apply as in ``attention``
     (``causal`` defaults to True: set it false for an encoder). A query that sees no key
-    gives zeros (torch gives NaN). Runs a plain float32 path, not the fused attention
-    kernels, and refuses a batched step (``rows=``: the mask cannot be cut per sequence).
+    gives zeros (torch gives NaN). ``sinks`` (after ``kv_cache``) as in ``attention``.
+    Runs a plain float32 path, not the fused attention kernels, and refuses a batched
+    step (``rows=``: the mask cannot be cut per sequence).
     """
 
 

@@ -104,6 +104,15 @@ def test_gpt_oss_negative_controls(yarn_case, plain_case, entry, value):
     assert max(pre, dec) > 10 * TOL
 
 
+def test_gpt_oss_greedy_alone_and_batched_match_hf(plain_case):
+    """Sinks are attention's input, so sequences decode together (``rows=``)."""
+    from modelhelp import assert_greedy_matches_hf
+
+    model, path, _, _ = plain_case
+    assert_greedy_matches_hf(model, tiny_model("gpt_oss", path), [[3, 17, 42, 99, 5], [8, 9],
+                                                                    [5, 60, 33, 2]], 5)
+
+
 def test_gpt_oss_sinks_matter(yarn_case):
     _, path, ids, ref = yarn_case
     td = md.load_weights(path, spec=spec_path("gpt_oss"), variant="tiny")
