@@ -16,7 +16,8 @@ import numpy as np
 
 from .errors import InputError, WeightsError
 from .pipelines import params as checks
-from .pipelines.generate import GenerateOutput, GenerateRequest, Session, generate_ids
+from .pipelines.generate import (GenerateOutput, GenerateRequest, Session, generate_ids,
+                                 is_language_model)
 from .pipelines.sampling import Sampler
 from .runtime import compile as compile_graph
 
@@ -48,8 +49,7 @@ class Model:
         # The one place the graph runs: planned, checked and bound once.
         self.compiled = compile_graph(graph, weights)
         self._run = self.compiled
-        names = {v.name for v in graph.inputs}
-        lm = {"tokens", "positions"} <= names and "logits" in graph.output_names
+        lm = is_language_model([v.name for v in graph.inputs], graph.output_names)
         self.session = Session(graph, self._run) if lm else None     # encoders: model(*inputs)
         vocab = self.params.get("vocab")
         self.vocab = int(vocab) if isinstance(vocab, numbers.Integral) else getattr(tokenizer, "vocab_size",
@@ -267,8 +267,8 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
         spec = spec.with_variant(name)
         prog = spec.program(name)
         td = program_weights(prog)
-        is_lm = ({"tokens", "positions"} <= {p.name for p in prog.inputs}
-                 and "logits" in {name for name, _ in spec.outputs})
+        is_lm = is_language_model([p.name for p in prog.inputs],
+                                  [o if isinstance(o, str) else o[0] for o in prog.outputs])
         tok = ByteTokenizer() if is_lm else None
         tok_source = "random weights (bytes)" if is_lm else ""
         note = (f"[no weights found for {spec.name} (looked in models/{spec.name}/ and known "

@@ -48,9 +48,12 @@ def _softmax_inplace(sc, n, sink):
 @numba.njit(cache=CACHE, inline="always")
 def _key_range(pos, T, causal, window):
     # keys [lo, hi) a query at absolute position pos may see: j <= pos when causal,
-    # pos - j < window when window > 0
+    # pos - j < window when window > 0, and j - pos < window too when not causal
     lo = max(0, pos - window + 1) if window > 0 else 0
-    hi = min(T, pos + 1) if causal else T
+    if causal:
+        hi = min(T, pos + 1)
+    else:
+        hi = min(T, pos + window) if window > 0 else T
     return lo, hi
 
 

@@ -185,7 +185,7 @@ def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap,
     if causal:
         visible &= j <= pos
     if window:
-        visible &= pos - j < window
+        visible &= (pos - j < window) & ((j - pos < window) | bool(causal))
     mask = np.asarray(mask)
     if mask.dtype == np.bool_:
         visible = visible & mask

@@ -111,7 +111,7 @@ ACTIVATIONS = {
     "leaky_relu": "x if x >= 0 else 0.01 x",
     "silu": "x * sigmoid(x)", "swish": "x * sigmoid(x)",
     "sigmoid": "1 / (1 + exp(-x))", "tanh": "tanh(x)",
-    "mish": "x * tanh(log(1 + exp(x)))", "softplus": "log(1 + exp(x))",
+    "mish": "x * tanh(log(1 + exp(x)))", "softplus": "log(1 + exp(x)), computed as logaddexp(0, x): no overflow",
     "linear": "x", "identity": "x",
 }
 

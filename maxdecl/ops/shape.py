@@ -28,6 +28,7 @@ def _reshape_rule(types, attrs):
     for d in new:
         if isinstance(d, int) and d < -1:
             raise ValueError(f"reshape to {format_shape(new)}: negative dim {d}")
+    _check_named_dims(x, new)
     count = dims.mul(*x.shape)
     if -1 in new:
         known = dims.mul(*(d for d in new if d != -1))
@@ -40,6 +41,18 @@ def _reshape_rule(types, attrs):
         raise ValueError(f"cannot reshape {x} ({count} elements) to {format_shape(new)} "
                          f"({dims.mul(*new)} elements)")
     return [TensorType(x.dtype, tuple(new))]
+
+
+def _check_named_dims(x, new) -> None:
+    """At run time a symbolic target dim is sized by its names from x's dims that are a
+    plain name; at most one dim (a -1 or one that does not follow) is left to infer."""
+    names = {d for d in x.shape if isinstance(d, str) and dims.poly(d) == {(d,): 1}}
+    loose = [d for d in new if d == -1 or (isinstance(d, str) and not dims.names(d) <= names)]
+    if len(loose) > 1:
+        held = ", ".join(sorted(names)) or "none"
+        raise ValueError(f"reshape to {format_shape(new)}: at most one dim may be left to infer "
+                         f"(-1, or a symbolic dim whose names x{format_shape(x.shape)} does not "
+                         f"hold as dims; it holds: {held}), got {format_shape(loose)}")
 
 
 def _transpose_rule(inputs, attrs):

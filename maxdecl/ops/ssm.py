@@ -100,8 +100,10 @@ def _scan_rule(types, attrs):
         raise ValueError(f"dt{format_shape(dt.shape)} must have x's shape {format_shape(x.shape)}")
     if a.rank not in (2, x.rank) or not _checks.dims_equal(a.shape[-2], ch) or (
             a.rank > 2 and not _same_dims(a.shape[:-2], tuple(lead))):
+        per_batch = (f" or {format_shape((*lead, ch, 'N'))} (one per batch entry)"
+                     if lead else "")
         raise ValueError(f"A{format_shape(a.shape)} must be [{ch}, N] (N state dims per "
-                         f"channel) or {format_shape((*lead, ch, 'N'))} (one per batch entry)")
+                         f"channel){per_batch}")
     n = a.shape[-1]
     for v, what in ((b, "B"), (c, "C")):
         if not _same_dims(v.shape, (*lead, seq, n)):

@@ -212,7 +212,9 @@ def attention():  # noqa: A001 - the signature comes from the definition
     (cross-attention, an attention-pooling probe). Scores: ``s = (q . k) * scale`` (default
     ``1/sqrt(D)``), then ``softcap * tanh(s / softcap)``, then ``+ slope_h * (j - i)``
     (ALiBi); a query at i sees key j when ``j <= i`` (causal) and ``i - j < W``
-    (``sliding_window``). A query that sees no key gives zeros.
+    (``sliding_window``); without ``causal`` the window is two-sided, ``|i - j| < W``
+    (ModernBERT's local attention over ``local_attention // 2`` either side is ``W =
+    local_attention // 2 + 1``). A query that sees no key gives zeros.
 
     ``alibi_slopes``: a list of Hq floats (slope_h for query head h), e.g. the
     expression ``alibi_slopes(n_heads, 8.0)``; HF's BLOOM adds ``slope_h * j``, which

@@ -72,6 +72,19 @@ class GenerateRequest:
     stop: tuple = ()
 
 
+STEP_INPUTS = ("tokens", "positions", "logit_rows")
+
+
+def is_language_model(input_names, output_names) -> bool:
+    """Whether a graph is generated from: inputs ``tokens`` and ``positions``, an output
+    ``logits``, and every other input (but ``logit_rows``) a state fed back by the
+    output of the same name. Anything else (an encoder with an MLM head and an attention
+    mask) is called with its inputs."""
+    names, outs = list(input_names), set(output_names)
+    return ({"tokens", "positions"} <= set(names) and "logits" in outs
+            and all(n in outs for n in names if n not in STEP_INPUTS))
+
+
 class Session:
     """A language-model graph run step by step; ``run(*inputs)`` executes the graph."""
 
@@ -88,7 +101,7 @@ class Session:
                                f"outputs are {out_names}")
         self._in_names = names
         self._logits_index = out_names.index("logits")
-        self._state_names = [n for n in names if n not in ("tokens", "positions", "logit_rows")]
+        self._state_names = [n for n in names if n not in STEP_INPUTS]
         missing = [n for n in self._state_names if n not in out_names]
         if missing:
             raise MaxdeclError(f"{graph.name}: state inputs {missing} have no output of the "

@@ -63,6 +63,26 @@ def _weight_hint(name: str, weights) -> str:
             f"index where the path varies (\"blk.{{i}}.{name}\")")
 
 
+_NUMBER_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _unknown_op_hint(name, known) -> str:
+    """The closest op name, or the `activation` kind an unknown op is named after."""
+    from ..ops.elementwise import ACTIVATIONS
+
+    if isinstance(name, str) and name in ACTIVATIONS:
+        return f"; it is an activation: op activation with attrs {{kind: {name}}}"
+    return _hint(name, known)
+
+
+def _yaml11_float(text: str) -> str:
+    """``text`` (a number with an exponent) as YAML 1.1 reads a float: 1.0e+10."""
+    mant, exp = re.split("[eE]", text)
+    if "." not in mant:
+        mant += ".0"
+    return f"{mant}e{exp if exp[0] in '+-' else '+' + exp}"
+
+
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -624,6 +644,11 @@ class Expander:
                               f"got {raw!r}")
             return None
         text = raw.strip()
+        if _NUMBER_TEXT.match(text):        # YAML 1.1 reads 1e10 and 1.0e10 as strings
+            self.problem(pos, f"{text!r} is a string, not a number, to YAML 1.1: an "
+                              f"exponent needs a dot and a sign ({_yaml11_float(text)}), or "
+                              f"write the expression \"{{{text}}}\"")
+            return None
         parts = None
         if is_template(text):
             try:
@@ -668,7 +693,7 @@ class Expander:
         outs = [n for n, _ in decl.outs]
         if opdef is None or opdef.kind == "leaf":
             known = _registry.spec_ops()
-            self.problem(opos, f"unknown op {decl.op!r}{_hint(decl.op, known)}")
+            self.problem(opos, f"unknown op {decl.op!r}{_unknown_op_hint(decl.op, known)}")
             self.bind(outs, ns)
             return
         ipos = self.at(f"{decl.pos.ptr}/in")

@@ -171,3 +171,33 @@ def test_blocked_kernel_matches_float64(case, lanes, monkeypatch):
     got = kern.attention(*args)
     want = _reference(*args)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("s, t", [(40, 40), (5, 5), (3, 9)])
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_a_window_without_causal_is_two_sided(s, t, window):
+    """causal false: query i sees key j when |pos_i - j| < W, in the blocked kernel (40
+    rows), the few-rows kernel, the rows kernel and masked_attention alike, against
+    torch's sdpa with that band as its mask."""
+    import torch
+    import torch.nn.functional as F
+    from maxdecl.kernels import attention_rows as ar
+    from maxdecl.kernels.transformer import masked_attention
+
+    rng = np.random.default_rng(window * 100 + s)
+    q = rng.standard_normal((1, s, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((1, t, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((1, t, 2, 16)).astype(np.float32)
+    pos = (t - s) + np.arange(s)[:, None]
+    band = np.abs(pos - np.arange(t)[None, :]) < window
+    qt, kt, vt = (torch.from_numpy(a).double().movedim(-2, -3) for a in (q, k, v))
+    ref = F.scaled_dot_product_attention(qt, kt.repeat_interleave(2, -3),
+                                         vt.repeat_interleave(2, -3),
+                                         attn_mask=torch.from_numpy(band), scale=0.25)
+    ref = ref.movedim(-3, -2).float().numpy()
+    got = kern.attention(q, k, v, 0.25, False, window, None, None, t - s)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+    rows = ar.attention_rows([q[0]], [k[0]], [v[0]], 0.25, False, window, None, None)[0]
+    np.testing.assert_allclose(rows, ref[0], rtol=2e-5, atol=2e-6)
+    masked = masked_attention(q, k, v, np.ones((s, t), bool), 0.25, False, window, None, None)
+    np.testing.assert_allclose(masked, ref, rtol=2e-5, atol=2e-6)
