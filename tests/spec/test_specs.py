@@ -201,3 +201,4 @@ def test_language_model_spec_generates_text_on_random_weights(path):
     if model.session is None or "random weights" not in model.note:
         pytest.skip("not a language model, or real weights were found")
     assert len(model.generate("Hi!", max_new_tokens=2).ids) == 2
+    assert len(model.generate("héllo ✓", max_new_tokens=1).ids) == 1   # every byte is an id
