@@ -172,8 +172,8 @@ def conv2d():  # noqa: A001 - the signature comes from the definition
     g*C/groups + c] * filter[r, s, c, f]`` with ``g = f // (F/groups)``; zero padding.
 
     Args: x ``[N, H, W, C]`` (or NCHW), filter ``[R, S, C/groups, F]`` (or FCRS), bias
-    ``[F]``; padding ``(h_before, h_after, w_before, w_after)`` (see module doc for short
-    forms). Returns ``[N, OH, OW, F]`` in the input's layout. ``input_layout`` and
+    ``[F]``; padding ``(h_before, h_after, w_before, w_after)`` (or the short forms
+    below). Returns ``[N, OH, OW, F]`` in the input's layout. ``input_layout`` and
     ``filter_layout`` are independent: NHWC values with torch's ``[F, C, R, S]`` filters
     is ``input_layout="NHWC", filter_layout="FCRS"``. H and W may be symbolic dims; a
     window that does not fit is then reported when the graph runs.

@@ -93,14 +93,16 @@ define("avg_pool", rule=_infer("avg_pool"), run="vision", attrs={**_POOL, "count
        normalize=_normalize, kind="pool",
        doc="average over windows of NHWC x (NDHWC: 3-D pooling)",
        rule_doc="x float, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial dim; "
-                "each window must fit")
+                "at least one window per spatial dim (with ceil_mode a kernel larger than "
+                "the input gives one, as torch)")
 define("max_pool", rule=_infer("max_pool"), run="vision",
        attrs={**_POOL, "return_indices": False}, normalize=_normalize, kind="pool",
        outputs=lambda n_inputs, attrs: 2 if attrs.get("return_indices") else 1,
        outputs_doc="out; with `return_indices` also int64 indices (`h * W + w` in each image)",
        doc="maximum over windows of NHWC x (NDHWC: 3-D pooling); padding never wins",
        rule_doc="x not bool, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial "
-                "dim; padding at most half the effective kernel per side; each window must fit")
+                "dim; padding at most half the effective kernel per side; at least one window "
+                "per spatial dim (with ceil_mode a kernel larger than the input gives one)")
 
 
 @public

@@ -119,13 +119,17 @@ def refuse_unsupported(spec, fmt, section: dict, params: dict) -> None:
     rules = section.get("refuse") if isinstance(section, dict) else None
     if not isinstance(rules, list) or not rules:
         return
-    env, _ = variant_env(spec, spec.variant, params)
+    env, problems = variant_env(spec, spec.variant, params)
     for rule in rules:
         when, why = rule.get("when"), rule.get("why", "")
         try:
             hit = _rule_holds(when, env)
             message = render(why, env) if hit else ""
         except ExprError as e:
+            if problems:            # a param these weights' values broke: the real cause
+                p = problems[0]
+                raise WeightsError(f"{spec.file}:{p.line}:{p.col}: {p.path}: {p.message} (with "
+                                   f"the params of these {fmt} weights)") from None
             raise WeightsError(f"{spec.file}: formats.{fmt}.refuse {when!r}: {e}") from None
         if hit:
             raise WeightsError(f"these {fmt} weights do not fit {spec.file}: {message} "

@@ -200,3 +200,13 @@ def test_gpt_neo_refuses_what_it_does_not_model():
         params_from_metadata(spec, {**base, "attention_types": [[["global", "sparse"], 1]]})
     got = params_from_metadata(spec, {**base, "attention_types": [[["local", "global"], 1]]})
     assert got["attention_types"] == [[["local", "global"], 1]]
+
+
+def test_a_param_the_config_breaks_is_named_not_the_refuse_rule_that_reads_it():
+    from maxdecl.pipelines.model_loading import params_from_metadata
+
+    meta = {"maxdecl.format": "hf", "num_layers": 2,
+            "attention_types": [[["global", "local"], "1"]]}          # a count as a string
+    with pytest.raises(md.WeightsError, match=r"/params/layer_types: .*range takes") as e:
+        params_from_metadata(md.load_spec(spec_path("gpt_neo")), meta)
+    assert "refuse" not in str(e.value)
