@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import ast
-import collections
 import contextvars
 import functools
 import math
@@ -278,13 +277,14 @@ def _comprehension(node, env, text):
         if not isinstance(items, (list, tuple, str, dict)):
             raise ExprError(f"{text.strip()!r}: a comprehension runs over a list, string or "
                             f"dict, not {type(items).__name__}")
-        for item in items:
+        inner = dict(scope)       # this clause's names over the enclosing ones (one copy
+        for item in items:        # per loop, not per item: lookups stay one dict probe)
             count[0] += 1
             if count[0] > budgets.MAX_ITERATIONS:
                 raise ExprError(f"{text.strip()!r}: comprehensions run more than "
                                 f"{budgets.MAX_ITERATIONS:,} iterations (MAX_ITERATIONS)")
             budgets.charge(budgets.ITERATION_COST)
-            inner = collections.ChainMap(_bind(gen.target, item, text), scope)
+            inner.update(_bind(gen.target, item, text))
             if all(_eval(c, inner, text) for c in gen.ifs):
                 run(gens[1:], inner)
 

@@ -23,6 +23,7 @@ YaRN and the weights each change the logits far beyond the tolerance.
 import json
 import os
 import shutil
+from math import log
 
 import numpy as np
 import pytest
@@ -188,6 +189,7 @@ def test_fused_state_dict_file_matches_hf(tmp_path):
     ("q_proj", {"rope_interleave": "{True}"}),
     ("yarn", {"rope_type": "{'none'}"}),                     # YaRN matters
     ("yarn", {"yarn_attn_factor": 1.0}),                     # its cos/sin factor matters
+    ("yarn", {"yarn_log_mul": 0.0}),                         # its softmax-scale mscale matters
 ])
 def test_negative_controls_config(name, change, tmp_path_factory):
     _, path, ids, ref = case(name, tmp_path_factory)
@@ -219,6 +221,24 @@ def test_negative_controls_weights(name, edit, tmp_path_factory, tmp_path):
     pre, dec = decoder_errors(g, td, ref, ids)
     print(f"negative control: prefill {pre:.2e}, decode {dec:.2e}")
     assert max(pre, dec) > 100 * TOL, (pre, dec)
+
+
+def test_hub_style_config_reads_the_same(tmp_path_factory, tmp_path):
+    """DeepSeek-V3's own config.json layout (rope_scaling with `type`, a top-level
+    rope_theta, topk_method and scoring_func keys) gives the params transformers 5's does."""
+    _, path, ids, ref = case("yarn", tmp_path_factory)
+    with open(os.path.join(path, "config.json")) as fh:
+        rp = dict(json.load(fh)["rope_parameters"])
+    theta = rp.pop("rope_theta")
+    rp["type"] = rp.pop("rope_type")
+    hub = edited_copy(path, tmp_path / "hub", config=dict(
+        rope_parameters=None, rope_scaling=rp, rope_theta=theta, topk_method="noaux_tc",
+        scoring_func="sigmoid"))
+    a, b = tiny_model("deepseek_v3", path), tiny_model("deepseek_v3", hub)
+    assert a.params == b.params and b.params["rope_type"] == "yarn"
+    assert b.params["yarn_attn_factor"] == pytest.approx((0.1 * log(8) + 1) / (0.05 * log(8) + 1))
+    pre, dec = compare(b, ref, ids)
+    assert pre <= MATCH_TOL and dec <= MATCH_TOL
 
 
 @pytest.mark.parametrize("config, why", [
