@@ -111,4 +111,32 @@ def _scan_run(args, attrs):
     return [y, h.reshape(want_h)] if rest else [y]
 
 
-RUN = {"causal_conv1d": _conv_run, "selective_scan": _scan_run}
+@njit_twins()
+def _linear_rows(a, x, h, y):
+    # a, x: (B, L, C); h: (B, C) in/out -> y: (B, L, C): h = a * h + x, row by row
+    nb, seq, ch = x.shape
+    for b in numba.prange(nb):
+        hb = h[b]
+        for t in range(seq):
+            for c in range(ch):
+                hb[c] = a[b, t, c] * hb[c] + x[b, t, c]
+                y[b, t, c] = hb[c]
+
+
+def _linear_scan_run(args, attrs):
+    a, x, *rest = (_f32(v) for v in args)
+    want_h = (*x.shape[:-2], x.shape[-1])
+    if x.ndim < 2 or a.shape != x.shape or (rest and rest[0].shape != want_h):
+        shapes = ", ".join(format_shape(v.shape) for v in args)
+        raise ValueError(f"linear_scan: inputs {shapes}: expected a, x of one shape [..., seq, "
+                         f"C] and state {format_shape(want_h)}")
+    ch, nb = x.shape[-1], int(np.prod(x.shape[:-2], dtype=np.int64))
+    h = (rest[0].copy() if rest else np.zeros(want_h, np.float32)).reshape(nb, ch)
+    x3 = x.reshape(nb, x.shape[-2], ch)
+    y = np.empty_like(x3)
+    pick(_linear_rows, x3.size)(a.reshape(x3.shape), x3, h, y)
+    y = y.reshape(x.shape)
+    return [y, h.reshape(want_h)] if rest else [y]
+
+
+RUN = {"causal_conv1d": _conv_run, "selective_scan": _scan_run, "linear_scan": _linear_scan_run}

@@ -11,6 +11,9 @@ step feeds back the state the previous step returned. Runtime: ``maxdecl.kernels
 * ``selective_scan(x, dt, A, B, C, D, state?)``: Mamba-1's recurrence per channel d
   and state index n: ``h = exp(dt * A) * h + dt * B_t * x_t``,
   ``y_t = C_t . h + D * x_t`` (``dt_softplus``: ``dt = softplus(dt)`` first).
+* ``linear_scan(a, x, state?)``: the plain first-order linear recurrence
+  ``h_t = a_t * h_{t-1} + x_t`` per channel, every ``h_t`` out (Griffin's RG-LRU,
+  minGRU, any gated linear RNN); ``a_t = 0`` restarts it exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..dtypes import DType, TensorType, format_shape
 from . import _checks
 from ._registry import apply, define
 
-__all__ = ["causal_conv1d", "selective_scan"]
+__all__ = ["causal_conv1d", "selective_scan", "linear_scan"]
 
 
 def _float32(*pairs):
@@ -154,3 +157,48 @@ def selective_scan(x, dt, A, B, C, D, state=None, dt_softplus=False):  # noqa: N
     ins = [x, dt, A, B, C, D] + ([] if state is None else [state])
     outs = apply("selective_scan", ins, dt_softplus=dt_softplus)
     return outs[0] if state is None else (outs[0], outs[1])
+
+
+# -- linear_scan ---------------------------------------------------------------------------
+def _linear_scan_rule(types, attrs):
+    a, x, *rest = types
+    _float32((a, "a"), (x, "x"), *((v, "state") for v in rest))
+    if x.rank < 2 or not _same_dims(a.shape, x.shape):
+        raise ValueError(f"a{format_shape(a.shape)} and x{format_shape(x.shape)} must share "
+                         f"one shape [..., seq, channels]")
+    out = TensorType(DType.float32, x.shape)
+    if not rest:
+        return [out]
+    want = (*x.shape[:-2], x.shape[-1])
+    if not _same_dims(rest[0].shape, want):
+        raise ValueError(f"state{format_shape(rest[0].shape)} must be {format_shape(want)} "
+                         "(h after the last step, one per channel)")
+    return [out, TensorType(DType.float32, want)]
+
+
+define("linear_scan", rule=_linear_scan_rule, run="ssm", inputs=("a", "x"),
+       optional=("state",), kind="ssm",
+       outputs=lambda n, attrs: 2 if n >= 3 else 1,
+       sequence_axis=-2, sequence_inputs=("a", "x"), state={"state": 1},
+       outputs_doc="h at every step; with `state` also the new state",
+       doc="first-order linear recurrence over seq: h_t = a_t * h_(t-1) + x_t per channel, "
+           "h from state (zeros without it)",
+       rule_doc="a, x float32 [..., seq, C] (one shape), state [..., C] -> h [..., seq, C] "
+                "(and the new state, h at the last step)")
+
+
+def linear_scan(a, x, state=None):
+    """The linear recurrence ``h_t = a_t * h_{t-1} + x_t``, per channel, along ``seq``.
+
+    a, x ``[..., seq, C]`` (one shape), float32; ``h`` starts as ``state [..., C]``
+    (zeros when None) and every ``h_t`` comes out as ``[..., seq, C]``; with a state,
+    returns ``(h, new_state)``, ``new_state`` the last ``h_t``. Each step is one
+    multiply and one add in float32, in order, so ``a_t = 0`` restarts the recurrence
+    exactly (Griffin's RG-LRU at a sequence start, where transformers resets it) and a
+    prompt split into steps gives the bits of one call.
+
+    Example::
+
+        h, state = md.ops.linear_scan(decay, gated_input, state)
+    """
+    return apply("linear_scan", [a, x] + ([state] if state is not None else []))

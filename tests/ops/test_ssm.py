@@ -143,3 +143,49 @@ def test_selective_scan_takes_an_a_per_batch_entry(rng):
                        ((3, 7, 5), (3, 7, 5), (2, 5, 4), (3, 7, 4), (3, 7, 4), (5,))])
     with pytest.raises(md.GraphError, match=r"A\[2, 5, 4\] must be \[5, N\]"):
         md.ops.selective_scan(*g.inputs)
+
+
+def _linear_scan_torch(a, x, h0):
+    """h_t = a_t * h_{t-1} + x_t by a torch loop (float64)."""
+    a, x = torch.from_numpy(a).double(), torch.from_numpy(x).double()
+    h = torch.from_numpy(h0).double()
+    out = []
+    for t in range(x.shape[-2]):
+        h = a[..., t, :] * h + x[..., t, :]
+        out.append(h)
+    return torch.stack(out, -2).numpy(), h.numpy()
+
+
+@pytest.mark.parametrize("shape", [(9, 6), (2, 3, 7, 5)])
+def test_linear_scan_matches_torch(rng, shape):
+    a = rng.uniform(-1, 1, shape).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    h0 = rng.standard_normal(shape[:-2] + shape[-1:]).astype(np.float32)
+    h, state = run_op(md.ops.linear_scan, a, x, h0)
+    ref, ref_state = _linear_scan_torch(a, x, h0)
+    close(h, ref, atol=1e-5)
+    close(state, ref_state, atol=1e-5)
+    close(run_op(md.ops.linear_scan, a, x), _linear_scan_torch(a, x, 0 * h0)[0], atol=1e-5)
+
+
+def test_linear_scan_steps_give_the_bits_of_one_call_and_zero_decay_restarts(rng):
+    a = rng.uniform(0, 1, (8, 4)).astype(np.float32)
+    a[5] = 0.0                                             # a restart at step 5
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    h0 = rng.standard_normal(4).astype(np.float32)
+    whole, last = run_op(md.ops.linear_scan, a, x, h0)
+    first, mid = run_op(md.ops.linear_scan, a[:3], x[:3], h0)
+    second, end = run_op(md.ops.linear_scan, a[3:], x[3:], mid)
+    assert np.concatenate([first, second]).tobytes() == whole.tobytes()
+    assert end.tobytes() == last.tobytes()
+    fresh = run_op(md.ops.linear_scan, a[5:], x[5:], np.full(4, 1e30, np.float32))[0]
+    assert fresh.tobytes() == whole[5:].tobytes()          # nothing of the past survives
+
+
+def test_linear_scan_shapes_are_checked():
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 4)), md.TensorType("float32", ("seq", 5)),
+                       md.TensorType("float32", (3,))])
+    with pytest.raises(md.GraphError, match="must share one shape"):
+        md.ops.linear_scan(g.inputs[0], g.inputs[1])
+    with pytest.raises(md.GraphError, match=r"state\[3\] must be \[4\]"):
+        md.ops.linear_scan(g.inputs[0], g.inputs[0], g.inputs[2])
