@@ -67,7 +67,21 @@ def _gather_run(args, attrs):
     return [np.take(x, idx, axis=axis)]
 
 
+def _take_along_run(args, attrs):
+    x, idx = args
+    axis = attrs["axis"] % x.ndim
+    n = x.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx.min() if idx.min() < -n else idx.max()
+        raise IndexError(f"index {bad} is out of range for axis {axis} of size {n}")
+    shape = [max(a, b) for a, b in zip(x.shape, idx.shape)]
+    xs, ids = list(shape), list(shape)
+    xs[axis], ids[axis] = x.shape[axis], idx.shape[axis]
+    return [np.take_along_axis(np.broadcast_to(x, xs), np.broadcast_to(idx, ids), axis)]
+
+
 RUN = {
+    "take_along_axis": _take_along_run,
     "reshape": _reshape_run,
     "transpose": lambda args, attrs: [np.ascontiguousarray(np.transpose(args[0], attrs["perm"]))],
     "concat": lambda args, attrs: [np.concatenate(args, axis=attrs["axis"])],

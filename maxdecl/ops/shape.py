@@ -16,7 +16,7 @@ from . import _checks
 from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
-           "expand_as", "unflatten", "roll"]
+           "expand_as", "unflatten", "roll", "take_along_axis"]
 
 
 def _reshape_rule(types, attrs):
@@ -204,6 +204,21 @@ def _gather_rule(inputs, attrs):
     return [TensorType(x.dtype, x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
 
 
+def _take_along_rule(inputs, attrs):
+    x, idx = inputs
+    _checks.not_quantized(x)
+    _checks.int_input(idx, "indices")
+    if x.rank == 0 or idx.rank != x.rank:
+        raise ValueError(f"take_along_axis needs indices of x's rank >= 1, got "
+                         f"x{format_shape(x.shape)} and indices{format_shape(idx.shape)}")
+    axis = _checks.valid_axis(attrs["axis"], x.rank)
+    others = [(a, b) for i, (a, b) in enumerate(zip(x.shape, idx.shape)) if i != axis]
+    shape = _checks.broadcast_shapes(tuple(a for a, _ in others), tuple(b for _, b in others))
+    shape = list(shape)
+    shape.insert(axis, idx.shape[axis])
+    return [TensorType(x.dtype, tuple(shape))]
+
+
 def _tile_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -255,6 +270,12 @@ def _select_rule(inputs, attrs):
 define("gather", rule=_gather_rule, run="shape", inputs=("x", "indices"), attrs={"axis": 0},
        kind="shape", doc="np.take(x, indices, axis)",
        rule_doc="indices integer; out x.shape[:axis] + indices.shape + x.shape[axis+1:]")
+define("take_along_axis", rule=_take_along_rule, run="shape", inputs=("x", "indices"),
+       attrs={"axis": REQUIRED}, kind="shape",
+       doc="np.take_along_axis(x, indices, axis): torch.gather(x, axis, indices), one index "
+           "list per position of the other axes",
+       rule_doc="indices integer, x's rank; the other axes broadcast; out: those dims with "
+                "indices' size along axis")
 define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="shape",
        normalize=_tile_repeats,
        doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
@@ -331,6 +352,18 @@ def gather():  # noqa: A001 - the signature comes from the definition
     """``np.take(x, indices, axis)``: output ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
 
     Negative indices count from the end; out-of-range indices fail at run time.
+    """
+
+
+@public
+def take_along_axis():  # noqa: A001 - the signature comes from the definition
+    """``np.take_along_axis(x, indices, axis)``, torch's ``x.gather(axis, indices)``.
+
+    ``out[..., j, ...] = x[..., indices[..., j, ...], ...]`` along ``axis``: each
+    position of the other axes picks its own entries (the router weights of the experts
+    a token chose: ``take_along_axis(probs [seq, E], ids [seq, k], axis: 1)`` gives
+    ``[seq, k]``). indices has x's rank; its other axes broadcast against x's (size 1
+    or equal). Negative indices count from the end; out-of-range ones fail at run time.
     """
 
 

@@ -169,3 +169,35 @@ def test_roll_needs_a_shift_per_axis():
     g = md.Graph("t", [md.TensorType("float32", (2, 3))])
     with pytest.raises(md.GraphError, match="one shift per axis"):
         md.ops.roll(g.inputs[0], shifts=[1, 2], axes=[0])
+
+
+@pytest.mark.parametrize("xs, ids, axis", [((5, 8), (5, 3), 1), ((5, 8), (2, 8), 0),
+                                           ((2, 4, 6), (2, 4, 6), -1), ((3, 1, 6), (3, 4, 2), 2),
+                                           ((4, 7), (1, 3), 1)])
+def test_take_along_axis_matches_torch_gather(xs, ids, axis):
+    import torch
+
+    rng = np.random.default_rng(len(xs) + axis)
+    x = rng.standard_normal(xs).astype(np.float32)
+    idx = rng.integers(0, xs[axis], ids).astype(np.int64)
+    out = run_op(lambda a, b: md.ops.take_along_axis(a, b, axis=axis), x, idx)
+    shape = [max(a, b) for a, b in zip(xs, ids)]
+    shape[axis] = xs[axis]
+    ref = torch.gather(torch.from_numpy(x).expand(*shape), axis, torch.from_numpy(idx)
+                       .expand(*[s if i != axis % len(xs) else ids[axis] for i, s in
+                                 enumerate(shape)]))
+    np.testing.assert_array_equal(out, ref.numpy())
+
+
+def test_take_along_axis_refuses_bad_indices():
+    g = md.Graph("t", [md.TensorType("float32", (4, 5)), md.TensorType("int64", (4,)),
+                       md.TensorType("int64", (3, 2)), md.TensorType("int64", (4, 2))])
+    with pytest.raises(md.GraphError, match="indices of x's rank"):
+        md.ops.take_along_axis(g.inputs[0], g.inputs[1], axis=1)
+    with pytest.raises(md.GraphError, match="do not broadcast"):
+        md.ops.take_along_axis(g.inputs[0], g.inputs[2], axis=1)
+    g.output(md.ops.take_along_axis(g.inputs[0], g.inputs[3], axis=1))
+    x = np.zeros((4, 5), np.float32)
+    with pytest.raises(md.GraphError, match="index 5 is out of range for axis 1 of size 5"):
+        g.execute(x, np.zeros(4, np.int64), np.zeros((3, 2), np.int64),
+                  np.full((4, 2), 5, np.int64))
