@@ -199,3 +199,24 @@ def test_kv_cache_append_refuses_v_of_another_length():
     g.output(out, cache)
     with pytest.raises(md.GraphError, match="needs k and v of one shape"):
         g.execute(rnd(3, 2, 8), rnd(3, 2, 8), rnd(1, 2, 8), np.zeros((2, 0, 2, 8), np.float32))
+
+
+@pytest.mark.parametrize("rows", [1, 20])         # the few-rows and the blocked kernel
+def test_attention_sinks_of_another_head_count_are_refused(rows):
+    q, k, v = rnd(1, rows, 4, 8), rnd(1, 20, 2, 8, seed=1), rnd(1, 20, 2, 8, seed=2)
+    with pytest.raises(ValueError):
+        katt.attention(q, k, v, 0.3, True, None, None, None, 0, np.zeros(3, F))
+    from maxdecl.kernels import attention_rows as ar
+    with pytest.raises(ValueError, match="sink logits for 4 query heads"):
+        ar.attention_rows([q[0, :1]], [k[0]], [v[0]], 0.3, True, None, None, None,
+                          np.zeros(5, F))
+
+
+@pytest.mark.parametrize("a_shape, x_shape, state_shape", [
+    ((5, 4), (5, 3), None), ((5, 4), (5, 4), (3,)), ((2, 5, 4), (2, 5, 4), (4,))])
+def test_linear_scan_refuses_mismatched_shapes(a_shape, x_shape, state_shape):
+    from maxdecl.kernels.ssm import RUN
+
+    args = [rnd(*a_shape), rnd(*x_shape)] + ([rnd(*state_shape)] if state_shape else [])
+    with pytest.raises(ValueError, match="linear_scan"):
+        RUN["linear_scan"](args, {})
