@@ -59,7 +59,30 @@ ACTIVATION = {
                                                                               copy=False),
     "softplus": lambda x: np.logaddexp(x.dtype.type(0), x).astype(x.dtype, copy=False),
     "linear": np.array, "identity": np.array,
+    "gelu_10": lambda x: np.clip(activations.gelu(x), x.dtype.type(-10), x.dtype.type(10)),
+    "laplace": lambda x: _laplace(x),
+    "hardswish": lambda x: (x * np.clip(x + x.dtype.type(3), 0, 6) / x.dtype.type(6)).astype(
+        x.dtype, copy=False),
+    "hardsigmoid": lambda x: (np.clip(x + x.dtype.type(3), 0, 6) / x.dtype.type(6)).astype(
+        x.dtype, copy=False),
+    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))).astype(x.dtype, copy=False),
+    "selu": lambda x: (x.dtype.type(1.0507009873554805) * np.where(
+        x > 0, x, x.dtype.type(1.6732632423543772) * np.expm1(np.minimum(x, 0)))).astype(
+        x.dtype, copy=False),
+    "softsign": lambda x: (x / (1 + np.abs(x))).astype(x.dtype, copy=False),
 }
+
+
+def _laplace(x):
+    # transformers' LaplaceActivation: 0.5 (1 + erf((x - mu) / (sigma sqrt 2))), via gelu's
+    # erf: gelu(z) = 0.5 z (1 + erf(z / sqrt 2)), so 0.5 (1 + erf(u)) = gelu(z) / z, z = u sqrt 2
+    u = (x.astype(np.float64) - 0.707107) / (0.282095 * np.sqrt(2.0))
+    return (0.5 * (1.0 + _erf(u))).astype(x.dtype, copy=False)
+
+
+def _erf(u):
+    import math
+    return np.vectorize(math.erf, otypes=[np.float64])(u)
 
 
 RUN = {

@@ -113,6 +113,12 @@ ACTIVATIONS = {
     "sigmoid": "1 / (1 + exp(-x))", "tanh": "tanh(x)",
     "mish": "x * tanh(log(1 + exp(x)))", "softplus": "log(1 + exp(x)), computed as logaddexp(0, x): no overflow",
     "linear": "x", "identity": "x",
+    "gelu_10": "exact GELU clipped to [-10, 10]",
+    "laplace": "0.5 (1 + erf((x - 0.707107) / (0.282095 sqrt 2)))",
+    "hardswish": "x * min(max(x + 3, 0), 6) / 6",
+    "hardsigmoid": "min(max(x + 3, 0), 6) / 6",
+    "elu": "x if x > 0 else exp(x) - 1", "selu": "1.0507 * elu with 1.6733 for x <= 0",
+    "softsign": "x / (1 + |x|)",
 }
 
 

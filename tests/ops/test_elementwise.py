@@ -46,8 +46,9 @@ def test_binary_shape_mismatch_is_graph_error():
 
 def test_activation_kinds_match_transformers_act2fn(rng):
     """``activation(kind=...)`` for every kind equals transformers' ACT2FN[kind] (the
-    functions config.json's ``hidden_act`` names; ``gelu_tanh``, ``identity`` and
-    ``softplus``, not HF names, against torch); an unknown kind is a clear error."""
+    functions config.json's ``hidden_act`` names; ``gelu_tanh``, ``identity``,
+    ``softplus`` and torch's hard / exponential activations, not HF names, against
+    torch); an unknown kind is a clear error."""
     act2fn = pytest.importorskip("transformers.activations").ACT2FN
     from maxdecl.ops.elementwise import ACTIVATIONS
 
@@ -56,7 +57,8 @@ def test_activation_kinds_match_transformers_act2fn(rng):
     for kind in ACTIVATIONS:
         t = torch.from_numpy(x)
         fn = {"identity": lambda v: v, "gelu_tanh": UNARY["gelu_tanh"],
-              "softplus": F.softplus}.get(kind)
+              "softplus": F.softplus, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
+              "elu": F.elu, "selu": F.selu, "softsign": F.softsign}.get(kind)
         ref = (fn or act2fn[kind])(t).numpy()
         out = run_op(lambda v, k=kind: md.ops.activation(v, kind=k), x)
         close(out, ref, atol=3e-6, rtol=3e-6, label=kind)
