@@ -42,6 +42,7 @@ class WeightDecl:
     shape_ptr: str = ""               # JSON pointer of the shape list
     absent: object = None             # raw: weight name, number or "{expr}"; None: required
     absent_pos: Pos | None = None
+    listed: bool = True               # the shape was a list ([] is a scalar)
 
 
 @dataclass(frozen=True)

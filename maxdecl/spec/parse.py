@@ -82,7 +82,8 @@ class _Parser:
                     self.pos(p),
                     shape_ptr=f"{p}/shape" if isinstance(w, dict) else p,
                     absent=full.get("absent"),
-                    absent_pos=self.pos(f"{p}/absent") if "absent" in full else None))
+                    absent_pos=self.pos(f"{p}/absent") if "absent" in full else None,
+                    listed=isinstance(shape, list) and len(shape) <= MAX_RANK))
         ins = d.get("in", ())
         ins = ins if isinstance(ins, list) else [ins] if "in" in d else []
         in_ptr = f"{ptr}/in"

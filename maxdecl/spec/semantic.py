@@ -504,10 +504,15 @@ class Expander:
             full = ".".join(path + (w.local,))
             shape = self.shape(w.shape, env, w.shape_ptr or w.pos.ptr, symbolic=False)
             enc = self.encoding_for(full, env)
-            if not w.shape:
-                self.problem(w.pos, f"weight {full!r}: expected a shape list such as [dim]")
+            if not w.listed:
+                self.problem(w.pos, f"weight {full!r}: expected a shape list such as [dim] "
+                                    f"([] for a scalar)")
                 shape = None
-            if shape is not None and enc is not None and self.block_rule:
+            elif shape == () and enc is not None and self.encodings[enc][0] > 1:
+                self.problem(w.pos, f"weight {full!r} is a scalar ([]): it cannot be {enc} "
+                                    "blocks; give it f32 under `encodings:`")
+                shape = None
+            if shape and enc is not None and self.block_rule:
                 block = self.encodings[enc][0]
                 if shape[-1] % block:
                     self.problem(w.pos, f"weight {full!r} {list(shape)}: last dim {shape[-1]} "

@@ -47,7 +47,7 @@ def program_weights(prog, seed: int = 0) -> TensorDict:
         shape = tuple(int(d) for d in w.shape)
         if w.absent is not None and w.absent.kind == "fill":
             continue
-        if len(shape) == 1:
+        if len(shape) <= 1:                 # gains (and scalars) near 1
             x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
             x = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
