@@ -45,7 +45,7 @@ Transforms, applied in declaration order (after stacking):
   ``[0, 2, 1]``).
 - ``exp: true`` -- ``exp(w)``; ``scale: c`` -- ``c * w`` (float32). Mamba's
   ``A = -exp(A_log)`` is ``{exp: true, scale: -1.0}``.
-- ``squeeze: axis`` -- drop an axis of size 1 (torch's depthwise ``[C, 1, K]`` conv
+- ``squeeze: axis`` (or a list of axes) -- drop axes of size 1 (torch's depthwise ``[C, 1, K]`` conv
   filters are ``[C, K]`` in GGUF); ``unsqueeze: axis`` -- insert one (torch's
   ``Conv1d`` filters ``[F, C, K]`` as the ``[F, C, 1, K]`` of a height-1 ``conv2d``).
 - ``permute_rows: {shape: [a, b, ...], order: [...]}`` -- the rows (first axis) seen
@@ -197,15 +197,20 @@ def _scale(w, c):
 
 def _squeeze(w, axis):
     shape = tuple(w.shape)
-    axis = int(axis)
-    if not -len(shape) <= axis < len(shape) or shape[axis] != 1:
-        raise WeightsError(f"squeeze: axis {axis} of shape {list(shape)} is not of size 1")
+    axes = axis if isinstance(axis, (list, tuple)) else [axis]
+    if not axes or any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in axes):
+        raise WeightsError(f"squeeze: an axis or a list of axes, got {axis!r}")
+    at = sorted({int(a) % len(shape) if -len(shape) <= int(a) < len(shape) else -1
+                 for a in axes}, reverse=True)
+    if at[-1] < 0 or any(shape[a] != 1 for a in at):
+        raise WeightsError(f"squeeze: axes {list(axes)} of shape {list(shape)} are not all "
+                           f"of size 1")
+    new = tuple(d for i, d in enumerate(shape) if i not in at)
     if isinstance(w, QuantizedTensor):
-        if axis % len(shape) == len(shape) - 1:
+        if at[0] == len(shape) - 1:
             raise WeightsError("squeeze: cannot drop the packed last axis")
-        new = shape[:axis % len(shape)] + shape[axis % len(shape) + 1:]
         return QuantizedTensor(w.data.reshape(*new[:-1], -1), new, w.encoding)
-    return np.squeeze(np.asarray(w), axis)
+    return np.asarray(w).reshape(new)
 
 
 def _unsqueeze(w, axis):

@@ -56,5 +56,11 @@ def test_exp_scale_and_squeeze_transforms():
                 {"ssm_a": {"exp": True, "scale": -1.0}, "conv.weight": {"squeeze": 1}})
     np.testing.assert_allclose(out["ssm_a"], -np.arange(1, 7).reshape(2, 3), rtol=1e-6)
     assert out["conv.weight"].shape == (2, 4)
-    with pytest.raises(md.WeightsError, match="squeeze: axis 0 of shape"):
+    with pytest.raises(md.WeightsError, match=r"squeeze: axes \[0\] of shape"):
         remap(td, {"conv": "c", "a_log": None}, {"c": {"squeeze": 0}})
+    td["grn"] = np.arange(4, dtype=np.float32).reshape(1, 1, 1, 4)
+    out = remap(td, {"grn": "g", "conv": None, "a_log": None}, {"g": {"squeeze": [0, 1, 2]}})
+    assert out["g"].shape == (4,)                  # several axes at once (ConvNeXt V2's GRN)
+    for bad in ([0, 3], [], [True], "1"):
+        with pytest.raises(md.WeightsError, match="squeeze: "):
+            remap(td, {"grn": "g", "conv": None, "a_log": None}, {"g": {"squeeze": bad}})
