@@ -82,6 +82,8 @@ def _take_along_run(args, attrs):
 
 RUN = {
     "take_along_axis": _take_along_run,
+    "arange_like": lambda args, attrs: [
+        np.arange(attrs["start"], attrs["start"] + args[0].shape[attrs["axis"]], dtype=np.int64)],
     "reshape": _reshape_run,
     "transpose": lambda args, attrs: [np.ascontiguousarray(np.transpose(args[0], attrs["perm"]))],
     "concat": lambda args, attrs: [np.concatenate(args, axis=attrs["axis"])],

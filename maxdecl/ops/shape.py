@@ -16,7 +16,7 @@ from . import _checks
 from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
-           "expand_as", "unflatten", "roll", "take_along_axis"]
+           "expand_as", "unflatten", "roll", "take_along_axis", "arange_like"]
 
 
 def _reshape_rule(types, attrs):
@@ -219,6 +219,17 @@ def _take_along_rule(inputs, attrs):
     return [TensorType(x.dtype, tuple(shape))]
 
 
+def _arange_like_rule(inputs, attrs):
+    (x,) = inputs
+    if x.rank == 0:
+        raise ValueError("arange_like needs x of rank >= 1 (it counts along an axis of x)")
+    axis = _checks.valid_axis(attrs["axis"], x.rank)
+    start = attrs["start"]
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise ValueError(f"arange_like start must be an int, got {start!r}")
+    return [TensorType(DType.int64, (x.shape[axis],))]
+
+
 def _tile_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -276,6 +287,11 @@ define("take_along_axis", rule=_take_along_rule, run="shape", inputs=("x", "indi
            "list per position of the other axes",
        rule_doc="indices integer, x's rank; the other axes broadcast; out: those dims with "
                 "indices' size along axis")
+define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "start": 0},
+       kind="shape",
+       doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
+           "x's values are not read",
+       rule_doc="x rank >= 1; out int64 [x.shape[axis]]")
 define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="shape",
        normalize=_tile_repeats,
        doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
@@ -364,6 +380,20 @@ def take_along_axis():  # noqa: A001 - the signature comes from the definition
     a token chose: ``take_along_axis(probs [seq, E], ids [seq, k], axis: 1)`` gives
     ``[seq, k]``). indices has x's rank; its other axes broadcast against x's (size 1
     or equal). Negative indices count from the end; out-of-range ones fail at run time.
+    """
+
+
+@public
+def arange_like():  # noqa: A001 - the signature comes from the definition
+    """int64 ``[start, ..., start + n - 1]`` with ``n = x.shape[axis]``; only x's shape
+    is read, so the length may be symbolic.
+
+    The positions of a decoder's keys for a relative position bias (T5): the cached
+    ones, ``arange_like(kv_cache, axis: 1)`` (``[2, past, heads, dim]``), then this
+    step's ``positions``; position ids of an encoder without a positions input:
+    ``arange_like(tokens, axis: 1)``. A batched step (``rows=``) cannot give an op other
+    than attention a KV cache, so a spec that reads one this way runs one sequence a
+    call.
     """
 
 

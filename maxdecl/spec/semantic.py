@@ -25,7 +25,8 @@ from ..errors import SpecError
 from ..ops import _registry
 from ..ops._registry import REQUIRED
 from . import budgets
-from .expr import ExprError, evaluate, is_template, render, split_template, template_names
+from .expr import (ExprError, evaluate, is_template, parse, render, split_template,
+                   template_names)
 from .marks import RawProblem, nearest_mark, pointer_escape
 from .typecheck import TypeEnv
 from .decls import (BlockDecl, IODecl, LayerDecl, PConst, PInput, PLayer, POp, Pos, Program,
@@ -64,6 +65,20 @@ def _weight_hint(name: str, weights) -> str:
 
 
 _NUMBER_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _dims_polynomial(text: str, declared) -> bool:
+    """Whether ``text`` is a sum of products of declared dims with integer coefficients
+    (``past+seq``, ``2*seq``), not an expression over params."""
+    from .. import dims as symbolic
+
+    if "(" in text or "{" in text:
+        return False
+    try:
+        names = symbolic.names(text)
+    except (TypeError, ValueError):
+        return False
+    return bool(names) and names <= set(declared)
 
 
 def _unknown_op_hint(name, known) -> str:
@@ -190,6 +205,8 @@ class Expander:
             value = raw
         elif isinstance(raw, str) and symbolic and raw.strip() in self.spec.dims:
             return raw.strip()
+        elif isinstance(raw, str) and symbolic and _dims_polynomial(raw, self.spec.dims):
+            return raw.strip()                  # past+seq, 2*seq: checked when bound
         elif isinstance(raw, str):
             text = raw.strip()
             if text.startswith("{") and text.endswith("}") and len(split_template(text)) == 1:
@@ -258,6 +275,7 @@ class Expander:
                              + " (weights are <layer path>.<name> from `weights:`)")
         self.check_computed()
         self.check_refuse()
+        self.check_config_syntax()
         self.hit_format_maps()
         for w in self.weights.values():
             if w.name not in self.used_weights:
@@ -631,6 +649,27 @@ class Expander:
                     self.problem(pos, f"refuse: when {rule.get('when')!r} gives {value!r}; "
                                       "expected true or false")
                 self.render(rule.get("why", ""), self.env, self.at(f"{base}/why"), "refuse")
+
+    def check_config_syntax(self):
+        """``formats.hf.config`` and ``formats.gguf.metadata`` alternatives that are
+        expressions must parse and use only what expressions allow (their names are the
+        checkpoint's keys, known only at load, where a failing alternative is skipped)."""
+        for fmt, key in (("hf", "config"), ("gguf", "metadata")):
+            section = self.spec.formats.get(fmt)
+            table = section.get(key) if isinstance(section, dict) else None
+            for name, alts in (table.items() if isinstance(table, dict) else ()):
+                many = isinstance(alts, list)
+                for k, alt in enumerate(alts if many else [alts]):
+                    if not (isinstance(alt, str) and is_template(alt)):
+                        continue
+                    ptr = (f"/formats/{fmt}/{key}/{pointer_escape(str(name))}"
+                           + (f"/{k}" if many else ""))
+                    try:
+                        for is_expr, text in split_template(alt):
+                            if is_expr:
+                                parse(text)
+                    except ExprError as e:
+                        self.problem(self.at(ptr), f"formats.{fmt}.{key}.{name}: {e}")
 
     def hit_format_maps(self):
         """Record which ``formats.<fmt>.tensors`` targets and ``transforms`` globs name a

@@ -48,6 +48,8 @@ Transforms, applied in declaration order (after stacking):
 - ``squeeze: axis`` (or a list of axes) -- drop axes of size 1 (torch's depthwise ``[C, 1, K]`` conv
   filters are ``[C, K]`` in GGUF); ``unsqueeze: axis`` -- insert one (torch's
   ``Conv1d`` filters ``[F, C, K]`` as the ``[F, C, 1, K]`` of a height-1 ``conv2d``).
+- ``reshape: [a, b, ...]`` -- a new shape of as many elements (one entry may be -1;
+  a packed tensor keeps its last axis): DBRX's experts ``[E * F, D]`` as ``[E, F, D]``.
 - ``permute_rows: {shape: [a, b, ...], order: [...]}`` -- the rows (first axis) seen
   as an array of ``shape`` (one entry may be -1), its axes put in ``order``, flattened
   back: fused projections whose row blocks differ between formats. HF BLOOM's
@@ -318,7 +320,38 @@ def _rows_arg(arg, params, where):
     return [_param(d, params, where) for d in arg["shape"]], arg["order"]
 
 
-_ARGS = {"permute_rows": _rows_arg, "regroup_rows": _groups_arg}   # not one scalar
+def _shape_arg(arg, params, where):
+    """A ``reshape`` value: a list of ints and param names (one may be -1)."""
+    if not isinstance(arg, list) or not arg:
+        raise WeightsError(f"{where}: expects a shape list, got {arg!r}")
+    return [_param(d, params, where) for d in arg]
+
+
+def _reshape(w, shape):
+    """``w`` with a new shape of as many elements (one entry may be -1); a packed tensor
+    keeps its last axis, whose blocks cannot be cut."""
+    dims = [int(d) for d in shape]
+    old = tuple(int(d) for d in w.shape)
+    size = int(np.prod(old, dtype=np.int64))
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise WeightsError(f"reshape: {dims}: at most one -1 and no other negative dim")
+    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+    if -1 in dims:
+        if known == 0 or size % known:
+            raise WeightsError(f"reshape: {list(old)} does not divide into {dims}")
+        dims[dims.index(-1)] = size // known
+    if int(np.prod(dims, dtype=np.int64)) != size:
+        raise WeightsError(f"reshape: {list(old)} ({size} elements) cannot be {dims}")
+    if isinstance(w, QuantizedTensor):
+        if not dims or dims[-1] != old[-1]:
+            raise WeightsError(f"reshape: a packed {w.encoding} tensor keeps its last axis "
+                               f"({old[-1]}), got {dims}")
+        return QuantizedTensor(w.data.reshape(*dims[:-1], -1), tuple(dims), w.encoding)
+    return np.asarray(w).reshape(dims)
+
+
+_ARGS = {"permute_rows": _rows_arg, "regroup_rows": _groups_arg,   # not one scalar
+         "reshape": _shape_arg}
 
 TRANSFORMS = {
     "permute_qk": lambda w, n: permute_qk(w, int(n)),
@@ -331,6 +364,7 @@ TRANSFORMS = {
     "scale": _scale,
     "squeeze": _squeeze,
     "unsqueeze": _unsqueeze,
+    "reshape": _reshape,
 }
 
 

@@ -190,3 +190,28 @@ def test_unsqueeze_inserts_an_axis_and_undoes_squeeze():
         TRANSFORMS["unsqueeze"](qt, 3)
     with pytest.raises(md.WeightsError, match="out of range"):
         TRANSFORMS["unsqueeze"](w, 5)
+
+
+def test_reshape_transform_moves_stacked_experts_and_keeps_packed_rows():
+    """``reshape: [E, F, D]`` (DBRX's experts stored [E * F, D]); -1 infers one entry;
+    a packed tensor keeps its last (block) axis; the schema lists every transform."""
+    import json
+
+    from maxdecl.spec.schema import SCHEMA_PATH
+    from maxdecl.weights.mapping import TRANSFORMS, _shape_arg
+
+    w = np.arange(4 * 3 * 5, dtype=np.float32).reshape(12, 5)
+    r = TRANSFORMS["reshape"](w, _shape_arg(["n_expert", -1, 5], {"n_expert": 4}, "t"))
+    assert r.shape == (4, 3, 5) and np.array_equal(r.reshape(12, 5), w)
+    q8 = md.codecs.get("q8_0")
+    qt = md.QuantizedTensor(q8.quantize(np.ones((6, 32), np.float32)), (6, 32), "q8_0")
+    rq = TRANSFORMS["reshape"](qt, [2, 3, 32])
+    assert rq.shape == (2, 3, 32) and rq.data.shape == (2, 3, 34)
+    for bad, match in (([4, 4], "cannot be"), ([-1, -1], "at most one -1"), ([7, -1], "divide")):
+        with pytest.raises(md.WeightsError, match=match):
+            TRANSFORMS["reshape"](w, bad)
+    with pytest.raises(md.WeightsError, match="keeps its last axis"):
+        TRANSFORMS["reshape"](qt, [3, 64])
+    schema = json.loads(SCHEMA_PATH.read_text())
+    text = json.dumps(schema)
+    assert all(f'"{name}"' in text for name in TRANSFORMS)
