@@ -16,6 +16,19 @@ def _binary(f):
     return lambda args, attrs: [np.asarray(f(args[0], args[1]))]
 
 
+def _integer_or(f_int, f_float, what):
+    """A division-like op: ``f_int`` on two integer arrays (a zero divisor refused),
+    ``f_float`` otherwise; the result keeps the inputs' dtype, as the type rule says."""
+    def run(args, attrs):
+        x, y = np.asarray(args[0]), np.asarray(args[1])
+        if x.dtype.kind in "iu" and y.dtype.kind in "iu":
+            if not np.all(y):
+                raise ValueError(f"integer {what} by zero")
+            return [np.asarray(f_int(x, y))]
+        return [np.asarray(f_float(x, y))]
+    return run
+
+
 def _unary(f):
     return lambda args, attrs: [np.asarray(f(args[0]))]
 
@@ -87,12 +100,15 @@ def _erf(u):
 
 RUN = {
     "add": _binary(np.add), "sub": _binary(np.subtract), "mul": _binary(np.multiply),
-    "div": _binary(np.divide), "pow": _binary(np.power), "maximum": _binary(np.maximum),
+    "div": _integer_or(np.floor_divide, np.divide, "division"),
+    "mod": _integer_or(np.mod, np.mod, "modulo"), "pow": _binary(np.power), "maximum": _binary(np.maximum),
     "minimum": _binary(np.minimum),
     "neg": _unary(np.negative), "abs": _unary(np.abs), "exp": _unary(np.exp),
     "log": _unary(np.log), "sqrt": _unary(np.sqrt), "rsqrt": _unary(_rsqrt),
     "tanh": _unary(np.tanh), "sin": _unary(np.sin), "cos": _unary(np.cos),
     "expm1": _unary(np.expm1), "log1p": _unary(np.log1p),
+    "floor": _unary(np.floor), "ceil": _unary(np.ceil), "round": _unary(np.rint),
+    "sign": _unary(np.sign),
     "relu": _unary(_relu),
     "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),

@@ -24,7 +24,8 @@ from ._registry import REGISTRY, define, get
 from .elementwise import (abs, activation, add, cast, clamp, div, exp, gelu, gelu_tanh, log,  # noqa: A004
                           maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt,
                           sub, tanh, sin, cos, equal, not_equal, greater, greater_equal, less,
-                          less_equal, logical_and, logical_or, logical_not, expm1, log1p)
+                          less_equal, logical_and, logical_or, logical_not, expm1, log1p,
+                          floor, ceil, round, sign, mod)
 from .linalg import linear, matmul, qmatmul
 from .reduction import *  # noqa: F403
 from .shape import *  # noqa: F403

@@ -58,17 +58,24 @@ def _logical_rule(types, attrs):
     return [TensorType(DType.bool, _checks.broadcast_shapes(*(t.shape for t in types)))]
 
 
-BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "mod")
 COMPARE = {"equal": "==", "not_equal": "!=", "greater": ">", "greater_equal": ">=",
            "less": "<", "less_equal": "<="}
 LOGICAL = {"logical_and": ("x", "y"), "logical_or": ("x", "y"), "logical_not": ("x",)}
 UNARY = ("neg", "abs", "relu")
 FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
-               "sin", "cos", "expm1", "log1p")
+               "sin", "cos", "expm1", "log1p", "floor", "ceil", "round", "sign")
 
+_BINARY_DOC = {
+    "div": "elementwise x / y with NumPy broadcasting; integers divide with floor (Python's "
+           "//, torch.div(..., rounding_mode='floor')), keeping their dtype; an integer "
+           "zero divisor is an error",
+    "mod": "elementwise remainder with the sign of y (Python's %, torch.remainder), NumPy "
+           "broadcasting; an integer zero divisor is an error",
+}
 for _name in BINARY:
     define(_name, rule=_binary_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
-           doc=f"elementwise {_name} with NumPy broadcasting",
+           doc=_BINARY_DOC.get(_name, f"elementwise {_name} with NumPy broadcasting"),
            rule_doc="x, y: one dtype, not quantized; out: that dtype, shapes broadcast")
 for _name, _sym in COMPARE.items():
     define(_name, rule=_compare_rule, run="elementwise", inputs=("x", "y"), kind="elementwise",
@@ -88,6 +95,10 @@ _FLOAT_UNARY_DOC = {
     "rsqrt": "elementwise 1 / sqrt(x)",
     "expm1": "elementwise exp(x) - 1, exact near 0 (torch.expm1; xIELU's negative branch)",
     "log1p": "elementwise log(1 + x), exact near 0 (torch.log1p)",
+    "floor": "elementwise floor, as a float (torch.floor)",
+    "ceil": "elementwise ceiling, as a float (torch.ceil; DeBERTa's log buckets)",
+    "round": "elementwise round half to even, as a float (torch.round)",
+    "sign": "elementwise -1, 0 or 1 by the sign of x, as a float (torch.sign)",
     "sigmoid": "elementwise 1 / (1 + exp(-x))",
     "silu": "elementwise x * sigmoid(x) (swish; HF hidden_act silu)",
     "gelu": "elementwise exact GELU, 0.5 * x * (1 + erf(x / sqrt(2))) (torch's default; "
@@ -155,12 +166,12 @@ define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
        rule_doc="x: not quantized; out: dtype, the shape of x")
 
 
-add, sub, mul, div, pow, maximum, minimum = (public_op(n) for n in BINARY)  # noqa: A001
+add, sub, mul, div, pow, maximum, minimum, mod = (public_op(n) for n in BINARY)  # noqa: A001
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 equal, not_equal, greater, greater_equal, less, less_equal = (public_op(n) for n in COMPARE)
 logical_and, logical_or, logical_not = (public_op(n) for n in LOGICAL)
-exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos, expm1, log1p = (
-    public_op(n) for n in FLOAT_UNARY)
+(exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos, expm1, log1p,
+ floor, ceil, round, sign) = (public_op(n) for n in FLOAT_UNARY)  # noqa: A001
 activation = public_op(
     "activation",
     "The activation named by ``kind``, a Hugging Face ``hidden_act`` name.\n\n"

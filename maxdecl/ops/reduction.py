@@ -76,7 +76,8 @@ for _name in ("sum", "mean", "max"):
     define(_name, rule=_reduce_rule(_name), run="reduction", attrs=_AXIS,
            normalize=_normalize_axis, kind="reduction",
            doc=f"{_name} over axis (an int, a list, or null for every axis)",
-           rule_doc="x not bool (mean: float); reduced axes dropped, or 1 with keepdims")
+           rule_doc=("x float" if _name == "mean" else "x not bool")
+           + "; reduced axes dropped, or 1 with keepdims")
 define("argmax", rule=_argmax_rule, run="reduction", attrs=_AXIS, normalize=_normalize_axis,
        kind="reduction", doc="int64 index of the first maximum along axis",
        rule_doc="one axis or null; out int64")

@@ -209,8 +209,8 @@ def _take_along_rule(inputs, attrs):
     _checks.not_quantized(x)
     _checks.int_input(idx, "indices")
     if x.rank == 0 or idx.rank != x.rank:
-        raise ValueError(f"take_along_axis needs indices of x's rank >= 1, got "
-                         f"x{format_shape(x.shape)} and indices{format_shape(idx.shape)}")
+        raise ValueError(f"take_along_axis: indices must have x's rank ({x.rank}, at least 1), "
+                         f"got x{format_shape(x.shape)} and indices{format_shape(idx.shape)}")
     axis = _checks.valid_axis(attrs["axis"], x.rank)
     others = [(a, b) for i, (a, b) in enumerate(zip(x.shape, idx.shape)) if i != axis]
     shape = _checks.broadcast_shapes(tuple(a for a, _ in others), tuple(b for _, b in others))

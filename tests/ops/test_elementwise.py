@@ -11,9 +11,11 @@ UNARY = {
     "rsqrt": torch.rsqrt, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": F.relu,
     "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     "sin": torch.sin, "cos": torch.cos, "expm1": torch.expm1, "log1p": torch.log1p,
+    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "sign": torch.sign,
 }
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-          "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum}
+          "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum,
+          "mod": torch.remainder}
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))
@@ -23,6 +25,8 @@ def test_unary_matches_torch(name, rng):
         x = np.abs(x) + 0.1
     if name in ("expm1", "log1p"):
         x[0, :5] = [1e-7, -3e-8, 2e-6, 0.0, 5e-5]        # where exp(x) - 1 loses digits
+    if name in ("floor", "ceil", "round", "sign"):
+        x[0, :6] = [0.5, 1.5, -2.5, -0.0, 0.0, 3.0]        # halves round to even; zeros
     out = run_op(getattr(md.ops, name), x)
     close(out, UNARY[name](torch.from_numpy(x)).numpy(), atol=2e-6, rtol=2e-6, label=name)
     assert out.dtype == np.float32
@@ -36,6 +40,22 @@ def test_binary_broadcasts_like_torch(name, rng):
         x = np.abs(x) + 0.5
     out = run_op(getattr(md.ops, name), x, y)
     close(out, BINARY[name](torch.from_numpy(x), torch.from_numpy(y)).numpy(), label=name)
+
+
+def test_integer_div_and_mod_floor_and_keep_the_dtype():
+    """div of integers is floor division (the type rule's int64, not NumPy's float64
+    true division), mod takes the divisor's sign, as torch's floor div and remainder."""
+    x = np.array([-7, 7, 6, -6, 0], np.int64)
+    y = np.array([3, -3, 4, 4, 5], np.int64)
+    for name, ref in (("div", lambda a, b: torch.div(a, b, rounding_mode="floor")),
+                      ("mod", torch.remainder)):
+        out = run_op(getattr(md.ops, name), x, y)
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, ref(torch.from_numpy(x), torch.from_numpy(y)))
+    g = md.Graph("t", [md.TensorType("int64", ("s",))] * 2)
+    g.output(md.ops.mod(*g.inputs))
+    with pytest.raises(md.GraphError, match="integer modulo by zero"):
+        g.execute(np.array([1]), np.array([0]))
 
 
 def test_binary_shape_mismatch_is_graph_error():

@@ -192,7 +192,7 @@ def test_take_along_axis_matches_torch_gather(xs, ids, axis):
 def test_take_along_axis_refuses_bad_indices():
     g = md.Graph("t", [md.TensorType("float32", (4, 5)), md.TensorType("int64", (4,)),
                        md.TensorType("int64", (3, 2)), md.TensorType("int64", (4, 2))])
-    with pytest.raises(md.GraphError, match="indices of x's rank"):
+    with pytest.raises(md.GraphError, match="indices must have x.s rank"):
         md.ops.take_along_axis(g.inputs[0], g.inputs[1], axis=1)
     with pytest.raises(md.GraphError, match="do not broadcast"):
         md.ops.take_along_axis(g.inputs[0], g.inputs[2], axis=1)
@@ -201,3 +201,18 @@ def test_take_along_axis_refuses_bad_indices():
     with pytest.raises(md.GraphError, match="index 5 is out of range for axis 1 of size 5"):
         g.execute(x, np.zeros(4, np.int64), np.zeros((3, 2), np.int64),
                   np.full((4, 2), 5, np.int64))
+
+
+def test_arange_like_counts_along_a_symbolic_axis():
+    """The positions of a decoder's keys: the cached ones from the cache's length, then
+    this step's (T5's relative bias over every key)."""
+    g = md.Graph("t", [md.TensorType("float32", (2, "past", 1, 4)),
+                       md.TensorType("int64", ("seq",))])
+    cached = md.ops.arange_like(g.inputs[0], axis=1)
+    assert cached.type.shape == ("past",) and cached.type.dtype == md.DType.int64
+    keys = md.ops.concat([cached, g.inputs[1]], axis=0)
+    g.output([keys, md.ops.arange_like(g.inputs[1], start=5)])
+    keys, later = g.execute(np.zeros((2, 3, 1, 4), np.float32), np.array([3, 4]))
+    assert keys.tolist() == [0, 1, 2, 3, 4] and later.tolist() == [5, 6]
+    with pytest.raises(md.GraphError, match="start must be an int"):
+        md.ops.arange_like(g.inputs[1], start=1.5)
