@@ -125,13 +125,13 @@ def test_dbrx_params_and_weights_from_hf(cases, name):
     assert got["moe_norm_p"] == (c["moe_normalize_expert_weights"] or 0.0)
     assert got["clip_qkv"] == (c["clip_qkv"] or 0.0)
     assert got["rope_theta"] == ROPE_THETA and got["rope_type"] == "default"
-    assert got["context"] == 96 and got["vocab"] == 256 and got["experts_fused"] is True
+    assert got["context"] == 96 and got["vocab"] == 256
     ours = ours_for(cases, name)
     kv = 16 * c["kv_n_heads"]
     assert ours.weights["blk.0.attn_qkv.weight"].shape == (64 + 2 * kv, 64)
-    for w in ("w1", "v1", "w2"):                        # HF's fused [E * F, D] layout
-        assert ours.weights[f"blk.1.ffn_{w}.weight"].shape == (4 * 32, 64)
-    assert "blk.0.ffn_gate_exps.weight" not in ours.weights
+    for w in ("gate", "up"):                    # HF's [E * F, D] as llama.cpp's stacks
+        assert ours.weights[f"blk.1.ffn_{w}_exps.weight"].shape == (4, 32, 64)
+    assert ours.weights["blk.1.ffn_down_exps.weight"].shape == (4, 64, 32)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -259,7 +259,7 @@ def dbrx_gguf(tmp_path_factory):
 def test_dbrx_converter_gguf_matches_hf(dbrx_gguf):
     _, path, ids, ref = dbrx_gguf
     ours = md.load_model(spec_path("dbrx"), path, variant="tiny")
-    assert ours.params["experts_fused"] is False and ours.params["clip_qkv"] == 1.0
+    assert ours.params["clip_qkv"] == 1.0
     assert ours.params["moe_norm_p"] == 1.0 and ours.params["rope_theta"] == ROPE_THETA
     assert ours.params["context"] == 96 and ours.params["vocab"] == 256
     assert ours.weights["blk.0.ffn_down_exps.weight"].shape == (4, 64, 32)
@@ -293,8 +293,7 @@ def exported(cases, tmp_path_factory):
 
 def test_dbrx_export_round_trip(exported):
     """maxdecl export of the HF folder (2-norm, clamp 0.5) writes the p and the clamp;
-    the GGUF reloads (HF's fused expert layout, stated by dbrx.experts_fused) with the
-    same logits."""
+    the GGUF reloads with the same logits."""
     td, out, ids, ref = exported
     assert float(td.metadata["dbrx.attention.clamp_kqv"]) == 0.5
     assert float(td.metadata["dbrx.moe_normalize_expert_weights"]) == 2.0
@@ -302,12 +301,9 @@ def test_dbrx_export_round_trip(exported):
     assert_logits_match("dbrx export round trip", ours, ids, ref)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gap: formats.hf.transforms has no reshape, so HF's fused [n_expert * ffn, dim] "
-    "expert tensors cannot be mapped onto llama.cpp's [n_expert, ffn, dim] stacks (nor "
-    "w2 onto [n_expert, dim, ffn]); the spec keeps them fused and reshapes / transposes "
-    "in the graph, so an exported HF checkpoint is not in llama.cpp's layout"))
 def test_dbrx_export_has_llama_cpp_expert_stacks(exported):
+    """hf.transforms reshape HF's [E * F, D] experts (and transpose w2) on load, so an
+    exported HF checkpoint holds llama.cpp's stacks."""
     td = exported[0]
     assert td["blk.0.ffn_gate_exps.weight"].shape == (4, 32, 64)
     assert td["blk.0.ffn_down_exps.weight"].shape == (4, 64, 32)
