@@ -80,7 +80,33 @@ def _take_along_run(args, attrs):
     return [np.take_along_axis(np.broadcast_to(x, xs), np.broadcast_to(idx, ids), axis)]
 
 
+_NP_PAD = {"constant": "constant", "reflect": "reflect", "replicate": "edge",
+           "circular": "wrap"}
+
+
+def _pad_run(args, attrs):
+    (x,) = args
+    width = [(0, 0)] * x.ndim
+    for k, axis in enumerate(attrs["axes"]):
+        before, after = attrs["pads"][2 * k], attrs["pads"][2 * k + 1]
+        n = x.shape[axis]
+        if attrs["mode"] == "reflect" and max(before, after) >= n:
+            raise ValueError(f"reflect padding ({before}, {after}) must be less than the size "
+                             f"{n} of axis {axis}")
+        if attrs["mode"] == "circular" and max(before, after) > n:
+            raise ValueError(f"circular padding ({before}, {after}) wraps more than the size "
+                             f"{n} of axis {axis}")
+        if attrs["mode"] != "constant" and n == 0 and before + after:
+            raise ValueError(f"{attrs['mode']} padding of an empty axis {axis}")
+        width[axis % x.ndim] = (before, after)
+    mode = _NP_PAD[attrs["mode"]]
+    if mode == "constant":
+        return [np.pad(x, width, mode, constant_values=x.dtype.type(attrs["value"]))]
+    return [np.pad(x, width, mode)]
+
+
 RUN = {
+    "pad": _pad_run,
     "take_along_axis": _take_along_run,
     "arange_like": lambda args, attrs: [
         np.arange(attrs["start"], attrs["start"] + args[0].shape[attrs["axis"]], dtype=np.int64)],

@@ -16,7 +16,7 @@ from . import _checks
 from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
-           "expand_as", "unflatten", "roll", "take_along_axis", "arange_like"]
+           "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad"]
 
 
 def _reshape_rule(types, attrs):
@@ -230,6 +230,55 @@ def _arange_like_rule(inputs, attrs):
     return [TensorType(DType.int64, (x.shape[axis],))]
 
 
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _normalize_pad(a):
+    pads = a["pads"]
+    pads = (pads,) if isinstance(pads, int) and not isinstance(pads, bool) else tuple(pads)
+    if (not pads or len(pads) % 2 or any(isinstance(p, bool) or not isinstance(p, int)
+                                         or p < 0 for p in pads)):
+        raise ValueError(f"pad: pads must be non-negative ints, a (before, after) pair per "
+                         f"axis, got {a['pads']!r}")
+    axes = a["axes"]
+    n = len(pads) // 2
+    axes = tuple(range(-n, 0)) if axes is None else (
+        (axes,) if isinstance(axes, int) and not isinstance(axes, bool) else tuple(axes))
+    if len(axes) != n or any(isinstance(x, bool) or not isinstance(x, int) for x in axes):
+        raise ValueError(f"pad: {n} (before, after) pairs need {n} axes, got {a['axes']!r}")
+    mode = str(a["mode"])
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    value = a["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"pad: value must be a number, got {value!r}")
+    return {**a, "pads": pads, "axes": axes, "mode": mode, "value": float(value)}
+
+
+def _pad_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    shape = list(x.shape)
+    seen = set()
+    for k, axis in enumerate(attrs["axes"]):
+        ax = _checks.valid_axis(axis, x.rank)
+        if ax in seen:
+            raise ValueError(f"pad: axis {axis} given twice")
+        seen.add(ax)
+        before, after = attrs["pads"][2 * k], attrs["pads"][2 * k + 1]
+        d = shape[ax]
+        if attrs["mode"] == "reflect" and isinstance(d, int) and max(before, after) >= d:
+            raise ValueError(f"pad: reflect padding ({before}, {after}) must be less than "
+                             f"the size {d} of axis {axis}")
+        if attrs["mode"] == "circular" and isinstance(d, int) and max(before, after) > d:
+            raise ValueError(f"pad: circular padding ({before}, {after}) wraps more than the "
+                             f"size {d} of axis {axis}")
+        if attrs["mode"] in ("replicate", "circular") and d == 0:
+            raise ValueError(f"pad: {attrs['mode']} padding of an empty axis {axis}")
+        shape[ax] = _checks.add_dims(d, before + after) if before + after else d
+    return [TensorType(x.dtype, tuple(shape))]
+
+
 def _tile_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -292,6 +341,13 @@ define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "st
        doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
            "x's values are not read",
        rule_doc="x rank >= 1; out int64 [x.shape[axis]]")
+define("pad", rule=_pad_rule, run="shape",
+       attrs={"pads": REQUIRED, "axes": None, "mode": "constant", "value": 0.0},
+       normalize=_normalize_pad, kind="shape",
+       doc="x padded along axes: constant (value), reflect, replicate (edge) or circular "
+           "(torch.nn.functional.pad; np.pad)",
+       rule_doc="pads: (before, after) non-negative per axis (axes default: the last ones); "
+                "out: those axes longer by before + after")
 define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="shape",
        normalize=_tile_repeats,
        doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
@@ -394,6 +450,26 @@ def arange_like():  # noqa: A001 - the signature comes from the definition
     ``arange_like(tokens, axis: 1)``. A batched step (``rows=``) cannot give an op other
     than attention a KV cache, so a spec that reads one this way runs one sequence a
     call.
+    """
+
+
+@public
+def pad():  # noqa: A001 - the signature comes from the definition
+    """``x`` padded along ``axes``, as ``torch.nn.functional.pad`` / ``np.pad``.
+
+    ``pads``: ``[before, after]`` for each axis of ``axes``, flat and in the order of
+    ``axes`` (``[1, 1, 2, 2]`` with ``axes: [1, 2]`` pads H by 1 and W by 2 on both
+    sides of NHWC x); ``axes`` defaults to the last ``len(pads) / 2`` axes in order (note
+    torch's ``F.pad`` lists the last axis first). Modes: ``constant`` (``value``),
+    ``reflect`` (mirrored without the edge; each pad less than its axis), ``replicate``
+    (the edge repeated) and ``circular`` (wrapped). Zero padding that a following norm
+    or pool must see (BiT's stem: ``ConstantPad2d`` before a GroupNorm), or a
+    ``max_pool`` with padding that may win (``value``).
+
+    Example::
+
+        y = md.ops.pad(x, [1, 1, 1, 1], axes=[1, 2])            # x: [N, H, W, C]
+        y = md.ops.pad(x, [3, 3], mode="reflect")               # the last axis
     """
 
 

@@ -216,3 +216,40 @@ def test_arange_like_counts_along_a_symbolic_axis():
     assert keys.tolist() == [0, 1, 2, 3, 4] and later.tolist() == [5, 6]
     with pytest.raises(md.GraphError, match="start must be an int"):
         md.ops.arange_like(g.inputs[1], start=1.5)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pads, axes, torch_pads", [
+    ([1, 2, 3, 0], [1, 2], (0, 0, 3, 0, 1, 2)),        # NHWC: H by (1, 2), W by (3, 0)
+    ([2, 1], None, (2, 1)),                              # the last axis
+    ([0, 0, 1, 1], [0, -1], (1, 1))])                   # a zero pair on the batch axis
+def test_pad_matches_torch(mode, pads, axes, torch_pads):
+    import torch.nn.functional as F
+
+    x = np.random.default_rng(3).standard_normal((2, 5, 6, 3)).astype(np.float32)
+    out = run_op(lambda v: md.ops.pad(v, pads, axes=axes, mode=mode, value=0.5), x)
+    t = torch.from_numpy(x)
+    kw = {"value": 0.5} if mode == "constant" else {}
+    if mode == "constant":
+        ref = F.pad(t, torch_pads, mode=mode, **kw)
+    elif len(torch_pads) == 2:                         # torch: the last axis of [B, C, L]
+        ref = F.pad(t.reshape(-1, 1, 3), torch_pads, mode=mode).reshape(2, 5, 6, -1)
+    else:                                              # torch: spatial dims of NCHW
+        ref = F.pad(t.permute(0, 3, 1, 2), torch_pads[2:6], mode=mode).permute(0, 2, 3, 1)
+    np.testing.assert_array_equal(out, ref.numpy())
+
+
+def test_pad_symbolic_sizes_and_refusals():
+    g = md.Graph("t", [md.TensorType("float32", (1, "h", 4))])
+    y = md.ops.pad(g.inputs[0], [1, 2], axes=[1])
+    assert y.type.shape == (1, "h+3", 4)
+    for kw, match in ((dict(pads=[1]), "pair per axis"), (dict(pads=[-1, 0]), "non-negative"),
+                      (dict(pads=[1, 1], axes=[0, 1]), "need 1 axes"),
+                      (dict(pads=[4, 0], mode="reflect"), "must be less than the size 4"),
+                      (dict(pads=[5, 0], mode="circular"), "wraps more"),
+                      (dict(pads=[1, 1], mode="edge"), "mode must be one of")):
+        with pytest.raises(md.GraphError, match=match):
+            md.ops.pad(g.inputs[0], **kw)
+    g.output(md.ops.pad(g.inputs[0], [3, 0], axes=[1], mode="reflect"))
+    with pytest.raises(md.GraphError, match="must be less than the size 2"):
+        g.execute(np.zeros((1, 2, 4), np.float32))
