@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops._window import SAME, same_pads
 from ..ops.conv import window_out_size
 from ..ops.pool import window
 from . import conv, pool, pool3d
@@ -28,8 +29,11 @@ def _run(nd):
         x3, w3 = _to_cl3(x, w, attrs, nd)
         lead = (1,) * (3 - nd)
         stride, dil = lead + attrs["stride"], lead + attrs["dilation"]
-        pad = (0, 0) * (3 - nd) + attrs["padding"]
         ks = w3.shape[:3]
+        pad = attrs["padding"]
+        if pad == SAME:
+            pad = same_pads(x3.shape[1:4], ks, stride, dil)[2 * (3 - nd):]
+        pad = (0, 0) * (3 - nd) + pad
         outs = tuple(window_out_size(x3.shape[1 + i], ks[i], stride[i], dil[i], pad[2 * i],
                                      pad[2 * i + 1]) for i in range(3))
         out = conv.conv3d_ndhwc(x3, w3, stride, dil, pad, attrs["groups"], outs,
@@ -46,6 +50,8 @@ def _pool_window(x, attrs):
     """(kernel, stride, dilation, padding, outs) of a pool node for x's spatial rank."""
     nd = x.ndim - 2
     k, s, d, p = window(attrs, nd)
+    if p == SAME:
+        p = same_pads(x.shape[1:1 + nd], k, s, d)
     outs = tuple(window_out_size(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
                                  attrs["ceil_mode"]) for i in range(nd))
     return k, s, d, p, outs

@@ -37,16 +37,46 @@ def canon(value, what: str, least: int = 1):
     return vals
 
 
+SAME = "same"
+
+
+def is_same(value) -> bool:
+    """Whether a padding attribute is TF's ``"same"`` (case-insensitive)."""
+    return isinstance(value, str) and value.lower() == SAME
+
+
+def same_pads(sizes, kernel, stride, dilation) -> tuple:
+    """TF's SAME padding of int ``sizes``: per dim ``(before, after)`` so that the output
+    is ``ceil(size / stride)``, the odd pixel after (``total = max((out - 1) * stride +
+    dilation * (k - 1) + 1 - size, 0)``, ``before = total // 2``)."""
+    pads = []
+    for n, k, s, d in zip(sizes, kernel, stride, dilation):
+        total = max((-(-n // s) - 1) * s + d * (k - 1) + 1 - n, 0)
+        pads += [total // 2, total - total // 2]
+    return tuple(pads)
+
+
+def same_out(size, stride):
+    """The output length of a SAME window: ``ceil(size / stride)`` (symbolic: the size
+    itself at stride 1, else an opaque ``same(size,stride)``)."""
+    if isinstance(size, int):
+        return -(-size // stride)
+    return size if stride == 1 else f"same({size},{stride})"
+
+
 def canon_padding(value):
-    """int (all sides), nd ints (before = after) or 2*nd ints (before, after per dim)."""
+    """int (all sides), nd ints (before = after), 2*nd ints (before, after per dim), or
+    ``"same"`` (TF's SAME, sized from the input when the node runs)."""
+    if is_same(value):
+        return SAME
     vals = _ints(value, "padding", 0)
     if isinstance(value, int):
         return value
     if len(vals) in (2, 3):
         vals = tuple(v for p in vals for v in (p, p))
     elif len(vals) not in (4, 6):
-        raise ValueError(f"padding must be an int, 2 or 3 ints (one per spatial dim) or 4 or "
-                         f"6 ints (before, after per dim), got {value!r}")
+        raise ValueError(f"padding must be an int, 2 or 3 ints (one per spatial dim), 4 or "
+                         f"6 ints (before, after per dim) or \"same\", got {value!r}")
     return vals
 
 
@@ -60,7 +90,10 @@ def per_dim(value, nd: int, what: str) -> tuple:
 
 
 def per_side(value, nd: int) -> tuple:
-    """A canonical padding as ``2 * nd`` ints: (before, after) per spatial dim."""
+    """A canonical padding as ``2 * nd`` ints: (before, after) per spatial dim (``"same"``
+    stays itself: ``same_pads`` sizes it from the input)."""
+    if value == SAME:
+        return SAME
     if isinstance(value, int):
         return (value,) * (2 * nd)
     if len(value) != 2 * nd:

@@ -8,7 +8,9 @@ Attribute forms (canonicalised when the node is made, so YAML and Python agree):
 
 * ``stride``, ``dilation``: an int (every spatial dim) or one int per spatial dim.
 * ``padding``: an int (everywhere), one int per spatial dim (same before and after),
-  or explicit ``(h_before, h_after, w_before, w_after)`` (3-D: 6 values, d first).
+  explicit ``(h_before, h_after, w_before, w_after)`` (3-D: 6 values, d first), or
+  ``"same"``: TF's SAME, the output ``ceil(in / stride)`` with the odd pixel of padding
+  after (torch's ``padding="same"`` at stride 1), sized from the input when it runs.
 * ``groups``: C and F must both divide by it; ``groups == C`` is depthwise.
 
 Output size per spatial dim: ``(in + before + after - dilation*(k-1) - 1) // stride + 1``;
@@ -20,6 +22,7 @@ from __future__ import annotations
 from ..dtypes import TensorType, format_shape
 from . import _checks
 from ._registry import define, public
+from ._window import SAME, is_same, same_out
 
 _CONV = {"stride": 1, "dilation": 1, "padding": 0, "groups": 1}
 
@@ -37,15 +40,18 @@ def expand(value, nd: int, what: str) -> tuple:
     return vals
 
 
-def expand_padding(value, nd: int) -> tuple:
-    """int -> all sides; nd ints -> symmetric per dim; 2*nd ints -> (before, after) per dim."""
+def expand_padding(value, nd: int):
+    """int -> all sides; nd ints -> symmetric per dim; 2*nd ints -> (before, after) per dim;
+    ``"same"`` stays ``"same"``."""
+    if is_same(value):
+        return SAME
     vals = (value,) * (2 * nd) if isinstance(value, int) else tuple(value)
     if len(vals) == nd:
         vals = tuple(v for p in vals for v in (p, p))
     if len(vals) != 2 * nd or any(not isinstance(v, int) or isinstance(v, bool) or v < 0
                                   for v in vals):
-        raise ValueError(f"padding must be a non-negative int, {nd} ints or {2 * nd} ints "
-                         f"(before, after per dim), got {value!r}")
+        raise ValueError(f"padding must be a non-negative int, {nd} ints, {2 * nd} ints "
+                         f"(before, after per dim) or \"same\", got {value!r}")
     return vals
 
 
@@ -139,9 +145,12 @@ def _infer(nd):
         if bias is not None and (bias.rank != 1 or not _checks.dims_equal(bias.shape[0], f)):
             raise ValueError(f"bias{format_shape(bias.shape)} must be [{f}] (F)")
         p = attrs["padding"]
-        outs = tuple(window_out(size, k, s, d, p[2 * i], p[2 * i + 1])
-                     for i, (size, k, s, d) in enumerate(
-                         zip(spatial, ks, attrs["stride"], attrs["dilation"])))
+        if p == SAME:
+            outs = tuple(same_out(size, s) for size, s in zip(spatial, attrs["stride"]))
+        else:
+            outs = tuple(window_out(size, k, s, d, p[2 * i], p[2 * i + 1])
+                         for i, (size, k, s, d) in enumerate(
+                             zip(spatial, ks, attrs["stride"], attrs["dilation"])))
         shape = (n, f, *outs) if il[1] == "C" else (n, *outs, f)
         return [TensorType(x.dtype, shape)]
     return infer
@@ -179,7 +188,11 @@ def conv2d():  # noqa: A001 - the signature comes from the definition
     window that does not fit is then reported when the graph runs.
 
     ``stride`` and ``dilation``: an int, or one per spatial dim (``[h, w]``); ``padding``:
-    an int, one per spatial dim, or ``[h_before, h_after, w_before, w_after]``. A 1-D
+    an int, one per spatial dim, ``[h_before, h_after, w_before, w_after]``, or
+    ``"same"``: TF's SAME (TF-ported EfficientNet, MobileNet and BiT convs), the output
+    ``ceil(in / stride)`` with the odd pixel of padding after, sized from the input
+    when the node runs, so symbolic H and W work (the output dims are then opaque
+    ``same(h,stride)``; at stride 1 it is torch's ``padding="same"``). A 1-D
     convolution (torch's ``Conv1d(C, F, K, stride=s, padding=p)``) is a height-1 conv2d:
     x ``[N, 1, L, C]`` (NHWC), filter ``[F, C, 1, K]`` (FCRS; the ``unsqueeze: 2``
     transform makes it from torch's ``[F, C, K]``), ``stride: [1, s]``, ``padding:

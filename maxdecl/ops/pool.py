@@ -8,8 +8,9 @@ Attribute forms (canonicalised when the node is made; see ``_window``):
   MAX (torch's default is the kernel size).
 * ``padding``: an int (all sides), one int per spatial dim (same before and after) or
   before/after per dim: ``(h_before, h_after, w_before, w_after)`` (6 values in 3-D,
-  d first). Padding never wins a max and counts as zeros in an average only when
-  ``count_boundary``. A max pool's padding is at most half its effective kernel
+  d first), or ``"same"`` (TF's SAME: the output ``ceil(in / stride)``, the odd pixel
+  of padding after; TF's average pool then wants ``count_boundary: false``). Padding
+  never wins a max and counts as zeros in an average only when ``count_boundary``. A max pool's padding is at most half its effective kernel
   ``dilation * (k - 1) + 1`` on each side (torch's rule).
 * ``ceil_mode``: round the output size up, but drop a last window that would start
   inside the trailing padding (as torch); so a kernel larger than the input still
@@ -29,7 +30,7 @@ from __future__ import annotations
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
 from ._registry import REQUIRED, define, public
-from ._window import canon, canon_padding, per_dim, per_side
+from ._window import SAME, canon, canon_padding, per_dim, per_side, same_out
 from .conv import window_out
 
 __all__ = ["avg_pool", "max_pool"]
@@ -77,10 +78,13 @@ def _infer(name):
                              f"{format_shape(x.shape)}")
         nd = x.rank - 2
         k, s, d, p = window(attrs, nd)
-        if name == "max_pool":
-            _max_padding_check(k, d, p)
-        outs = tuple(window_out(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
-                                attrs["ceil_mode"]) for i in range(nd))
+        if p == SAME:
+            outs = tuple(same_out(x.shape[1 + i], s[i]) for i in range(nd))
+        else:
+            if name == "max_pool":
+                _max_padding_check(k, d, p)
+            outs = tuple(window_out(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
+                                    attrs["ceil_mode"]) for i in range(nd))
         out = TensorType(x.dtype, (x.shape[0], *outs, x.shape[-1]))
         if attrs.get("return_indices"):
             return [out, TensorType(DType.int64, out.shape)]
@@ -113,7 +117,8 @@ def avg_pool():  # noqa: A001 - the signature comes from the definition
     of taps inside the padded input (``count_boundary``) or inside ``x``. There is no
     NCHW form: transpose NCHW input once (``perm: [0, 2, 3, 1]``) and keep the network
     channels-last (``conv2d`` with ``input_layout: NHWC``). ``kernel_size``, ``stride``,
-    ``dilation`` and ``padding`` take an int (every spatial dim) or one entry per dim.
+    ``dilation`` and ``padding`` take an int (every spatial dim) or one entry per dim;
+    ``padding: same`` is TF's SAME (with ``count_boundary: false``, TF's average).
 
     Example::
 

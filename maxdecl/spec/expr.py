@@ -235,20 +235,62 @@ def evaluate(text: str, env: dict, strict: bool = True):
     ``strict=False`` only the names the evaluation reaches (``formats.hf.config``
     expressions over a config.json that may lack a key).
     """
-    for name in sorted(names(text)) if strict else ():
+    read = names(text)
+    for name in sorted(read) if strict else ():
         if name not in env:
             raise ExprError(f"undefined name {name!r} in {text.strip()!r}" + _hint(name, env))
+    key = _memo_key(text, read, env) if strict else None
+    if key is not None:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            budgets.check_budget()
+            return budgets.check_value(list(hit[0]) if hit[1] else hit[0])
     tree = parse(text)
     token = _ITERATIONS.set([0])
     try:
         budgets.check_budget()
-        return budgets.check_value(_eval(tree, env, text))
+        value = budgets.check_value(_eval(tree, env, text))
+        if key is not None:
+            _remember(key, value)
+        return value
     except ExprError as e:
         if text.strip() in str(e):
             raise
         raise ExprError(f"{text.strip()!r}: {e}") from None
     finally:
         _ITERATIONS.reset(token)
+
+
+# Results of expressions over plain values (numbers, strings, bools, None), keyed by the
+# text and the values of the names it reads: a layer repeated 60 times, or a spec checked
+# in every variant, evaluates its shapes and names once per distinct set of values.
+_MEMO: dict = {}
+_MEMO_MAX = 16384
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _memo_key(text: str, read: frozenset, env) -> tuple | None:
+    vals = []
+    for n in sorted(read):
+        v = env[n]
+        if not isinstance(v, _PLAIN) or (isinstance(v, str) and len(v) > 256):
+            return None                         # lists, config dicts: evaluated each time
+        vals.append((type(v), repr(v) if isinstance(v, float) else v))   # -0.0, nan
+    return text, tuple(vals)
+
+
+def _remember(key, value) -> None:
+    if isinstance(value, list):
+        if not all(isinstance(v, _PLAIN) for v in value):
+            return
+        entry = (tuple(value), True)            # a flat list: a fresh copy per hit
+    elif isinstance(value, _PLAIN):
+        entry = (value, False)
+    else:
+        return
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[key] = entry
 
 
 # comprehension iterations of the running evaluation (a one-element list)
@@ -398,6 +440,15 @@ def split_template(s: str) -> list[tuple[bool, str]]:
 
     ``{{`` and ``}}`` stand for literal braces. Brackets inside an expression nest.
     """
+    return list(_split_cached(s))
+
+
+@functools.lru_cache(maxsize=8192)
+def _split_cached(s: str) -> tuple:
+    return tuple(_split(s))
+
+
+def _split(s: str) -> list:
     parts, buf, i, n = [], [], 0, len(s)
     while i < n:
         c = s[i]

@@ -116,3 +116,31 @@ def test_conv2d_float16_keeps_dtype(rng):
     ref = torch_conv(x.astype(np.float32).transpose(0, 3, 1, 2).copy(),
                      w.astype(np.float32).transpose(3, 2, 0, 1).copy(), None, 1, 1, (1,) * 4, 1)
     close(out.transpose(0, 3, 1, 2), ref, atol=2e-2, rtol=2e-2)
+
+
+def _tf_same_pads(n, k, s, d=1):
+    """TF's SAME: the output ceil(n / s), the odd pixel of padding after."""
+    total = max((-(-n // s) - 1) * s + d * (k - 1) + 1 - n, 0)
+    return total // 2, total - total // 2
+
+
+@pytest.mark.parametrize("h, w, k, s, d", [(7, 8, 3, 2, 1), (9, 6, 4, 2, 1), (5, 5, 3, 1, 2),
+                                           (10, 11, 5, 3, 1), (4, 4, 1, 2, 1)])
+def test_conv2d_same_padding_matches_tf_rule_over_symbolic_sizes(h, w, k, s, d):
+    """padding: same over symbolic H, W (sized when the node runs): torch's conv2d on the
+    input padded by TF's rule; at stride 1 it is torch's own padding='same'."""
+    rng = np.random.default_rng(h * w + k)
+    x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, k, k)).astype(np.float32)
+    g = md.Graph("t", [md.TensorType("float32", (1, 3, "h", "w")),
+                       md.TensorType("float32", wt.shape)])
+    y = md.ops.conv2d(g.inputs[0], g.inputs[1], stride=s, dilation=d, padding="same",
+                      input_layout="NCHW", filter_layout="FCRS")
+    assert y.type.shape[2] == ("h" if s == 1 else f"same(h,{s})")
+    g.output(y)
+    (ph0, ph1), (pw0, pw1) = _tf_same_pads(h, k, s, d), _tf_same_pads(w, k, s, d)
+    xt, wtt = torch.from_numpy(x), torch.from_numpy(wt)
+    ref = F.conv2d(F.pad(xt, (pw0, pw1, ph0, ph1)), wtt, stride=s, dilation=d)
+    if s == 1:
+        torch.testing.assert_close(F.conv2d(xt, wtt, padding="same", dilation=d), ref)
+    close(g.execute(x, wt)[0], ref.numpy(), atol=1e-5)

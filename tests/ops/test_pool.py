@@ -106,3 +106,24 @@ def test_pool_attribute_forms():
     assert a.shape == b.shape == (1, 5, 5, 2)
     with pytest.raises(md.GraphError, match=r"NHWC \(rank 4\) or NDHWC \(rank 5\) input"):
         md.ops.max_pool(md.ops.reshape(g.inputs[0], (9, 9, 2)), 2)
+
+
+@pytest.mark.parametrize("h, w, k, s", [(7, 8, 3, 2), (9, 6, 4, 2), (5, 5, 3, 1), (4, 7, 2, 3)])
+def test_pools_same_padding_match_tf_rule(h, w, k, s):
+    """padding: same: max pool over -inf padding, average pool counting only real pixels
+    (TF's, count_boundary false), each padded by TF's rule (odd pixel after)."""
+    def pads(n):
+        total = max((-(-n // s) - 1) * s + k - n, 0)
+        return total // 2, total - total // 2
+    x = np.random.default_rng(h + w).standard_normal((2, h, w, 3)).astype(np.float32)
+    (ph0, ph1), (pw0, pw1) = pads(h), pads(w)
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2)
+    ref_max = F.max_pool2d(F.pad(xt, (pw0, pw1, ph0, ph1), value=-np.inf), k, s)
+    ones = F.pad(torch.ones_like(xt), (pw0, pw1, ph0, ph1))
+    ref_avg = (F.avg_pool2d(F.pad(xt, (pw0, pw1, ph0, ph1)), k, s)
+               / F.avg_pool2d(ones, k, s))
+    got_max = run_op(lambda v: md.ops.max_pool(v, k, stride=s, padding="same"), x)
+    got_avg = run_op(lambda v: md.ops.avg_pool(v, k, stride=s, padding="same",
+                                               count_boundary=False), x)
+    close(got_max, ref_max.permute(0, 2, 3, 1).numpy())
+    close(got_avg, ref_avg.permute(0, 2, 3, 1).numpy(), atol=1e-5)
