@@ -9,6 +9,7 @@ model (graph inputs ``tokens`` and ``positions``, output ``logits``) also has
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 
@@ -19,6 +20,7 @@ from .pipelines import params as checks
 from .pipelines.generate import (GenerateOutput, GenerateRequest, Session, generate_ids,
                                  is_language_model)
 from .pipelines.sampling import Sampler
+from .pipelines.seq2seq import Seq2SeqSession, decoder_start, is_encoder_decoder
 from .runtime import compile as compile_graph
 
 __all__ = ["Model", "load_model", "generate", "GenerateOutput"]
@@ -49,8 +51,10 @@ class Model:
         # The one place the graph runs: planned, checked and bound once.
         self.compiled = compile_graph(graph, weights)
         self._run = self.compiled
-        lm = is_language_model([v.name for v in graph.inputs], graph.output_names)
+        names = [v.name for v in graph.inputs]
+        lm = is_language_model(names, graph.output_names)
         self.session = Session(graph, self._run) if lm else None     # encoders: model(*inputs)
+        self.encoder_decoder = not lm and is_encoder_decoder(names, graph.output_names)
         vocab = self.params.get("vocab")
         self.vocab = int(vocab) if isinstance(vocab, numbers.Integral) else getattr(tokenizer, "vocab_size",
                                                                        None)
@@ -71,6 +75,10 @@ class Model:
     # -- language models ------------------------------------------------------------------
 
     def _lm(self) -> Session:
+        if self.session is None and self.encoder_decoder:
+            raise InputError(f"{self.spec.file}: an encoder-decoder: generate() and run "
+                             f"drive it (one source at a time); logits() and batched steps "
+                             f"are for decoder-only language models")
         if self.session is None:
             raise InputError(f"{self.spec.file}: not a language model (it needs graph inputs "
                              f"'tokens' and 'positions' and an output 'logits'; inputs are "
@@ -144,7 +152,8 @@ class Model:
         Raises:
             InputError: a bad argument or a prompt that does not fit the context.
         """
-        self._lm()
+        if not self.encoder_decoder:
+            self._lm()
         sampling = checks.check_sampling(temperature, top_k, top_p, min_p, repeat_penalty,
                                          repeat_last_n, seed, presence_penalty,
                                          frequency_penalty)
@@ -161,7 +170,11 @@ class Model:
         if lookup and sampling["temperature"] != 0:
             raise InputError("lookup decoding is greedy only: use temperature=0")
         emit = on_text if batch or on_text is None else (lambda k, text: on_text(text))
-        if len(requests) == 1 and not lookup:
+        if self.encoder_decoder:
+            if lookup:
+                raise InputError("lookup decoding is for decoder-only language models")
+            outs = self._generate_seq2seq(requests, emit)
+        elif len(requests) == 1 and not lookup:
             outs = self._generate_each(requests, emit, on_prefill)
         else:
             outs = self._generate_batch(requests, emit, lookup)
@@ -170,6 +183,20 @@ class Model:
     def _generate_batch(self, requests, on_text=None, lookup: int = 0):
         """Several requests (or one with prompt lookup) through continuous batching."""
         return _batch_outputs(self, requests, on_text, lookup)
+
+    def _generate_seq2seq(self, requests, on_text=None) -> list[GenerateOutput]:
+        """Encoder-decoder generation: each source through the encoder, the decoder from
+        the spec's ``decoder_start`` token, one sequence at a time."""
+        start = decoder_start(self.params, self.spec.name)
+        outs = []
+        for k, r in enumerate(requests):
+            emit = None if on_text is None else (lambda text, k=k: on_text(k, text))
+            session = Seq2SeqSession(self.graph, self._run, r.ids)
+            out = generate_ids(session, self.tokenizer, [start], r.max_new_tokens,
+                               Sampler(**r.sampling), on_text=emit, stop=r.stop)
+            outs.append(dataclasses.replace(out, prompt_tokens=len(r.ids),
+                                            prompt_ids=list(r.ids)))
+        return outs
 
     def _generate_each(self, requests, on_text=None, on_prefill=None) -> list[GenerateOutput]:
         """One request through the plain loop (chunked prefill with progress)."""
@@ -267,8 +294,9 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
         spec = spec.with_variant(name)
         prog = spec.program(name)
         td = program_weights(prog)
-        is_lm = is_language_model([p.name for p in prog.inputs],
-                                  [o if isinstance(o, str) else o[0] for o in prog.outputs])
+        ins = [p.name for p in prog.inputs]
+        outs = [o if isinstance(o, str) else o[0] for o in prog.outputs]
+        is_lm = is_language_model(ins, outs) or is_encoder_decoder(ins, outs)
         tok = ByteTokenizer() if is_lm else None
         tok_source = "random weights (bytes)" if is_lm else ""
         note = (f"[no weights found for {spec.name} (looked in models/{spec.name}/ and known "

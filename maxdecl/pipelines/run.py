@@ -47,8 +47,8 @@ def run_cli(args) -> int:
                            args.ctx_size or None)
         if model.note:
             print(model.note, flush=True)
-        if model.session is None:
-            return _run_graph(model, inputs, args.output)
+        if model.session is None and (inputs or args.output or not model.encoder_decoder):
+            return _run_graph(model, inputs, args.output)      # encoder-decoders: either
         if inputs or args.output:
             raise InputError(f"{args.spec} is a language model: --input/--output are for "
                              "specs without a 'tokens' input; give a --prompt")
@@ -69,7 +69,7 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, looku
         print(f"maxdecl: the prompt keeps its last {len(ids)} of {len(full)} tokens "
               f"(--truncate; context {model.context})", file=sys.stderr, flush=True)
         prompt = _decode_prompt(tok, ids)
-    out.write(prompt)
+    out.write(prompt + ("\n" if model.encoder_decoder else ""))   # a new text, not a continuation
     out.flush()
 
     def emit(text):

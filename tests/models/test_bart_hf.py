@@ -224,3 +224,21 @@ def test_source_matters(case):
     other = (src + 1) % VOCAB
     assert rel_err(ours_logits(ours, other, dec)[0], refs[0]) > 100 * TOL
     assert rel_err(ours_logits(ours, other, dec)[0], hf_logits(model, other, dec)) <= TOL
+
+
+def test_generate_matches_hf_greedy(case):
+    """model.generate drives the encoder-decoder: the source as the prompt, the decoder
+    from decoder_start (config.json's decoder_start_token_id) through its KV caches;
+    transformers' greedy generate (no forced BOS/EOS, no early stop) gives the same ids."""
+    kind, model, path, seqs, _, ours = case
+    src = seqs[0][0]
+    start = model.config.decoder_start_token_id
+    assert ours.encoder_decoder and ours.params["decoder_start"] == start
+    with torch.no_grad():
+        want = model.generate(torch.tensor(src[None]), max_new_tokens=8, do_sample=False,
+                              num_beams=1, decoder_start_token_id=start, eos_token_id=None,
+                              forced_bos_token_id=None, forced_eos_token_id=None,
+                              pad_token_id=1, min_length=0, no_repeat_ngram_size=0,
+                              use_cache=True)[0].tolist()
+    assert want[0] == start
+    assert ours.generate([int(t) for t in src], 8, temperature=0).ids == want[1:]

@@ -236,6 +236,14 @@ def test_greedy_decode_matches_generate(case):
         ids = np.array([int(np.argmax(logits[-1]))], np.int64)
         got.append(int(ids[0]))
     assert got == want
+    # model.generate drives the encoder-decoder itself: the source as the prompt, the
+    # decoder from the spec's decoder_start (config.json's decoder_start_token_id)
+    assert ours.encoder_decoder and ours.params["decoder_start"] == start
+    out = ours.generate([int(t) for t in src], 10, temperature=0)
+    assert out.ids == want[1:] and out.prompt_tokens == len(src)
+    both = ours.generate([[int(t) for t in src], [int(t) for t in seqs[0][0]]], 10,
+                         temperature=0)
+    assert both[0].ids == want[1:]
 
 
 # -- negative controls --------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""Generation for encoder-decoder specs (T5, BART): the source ids go to the encoder
+inputs at every step, the decoder steps through its own tokens and states.
+
+A spec is an encoder-decoder when its graph inputs include ``enc_tokens`` and
+``dec_tokens`` and it outputs ``logits``; ``enc_positions`` and ``dec_positions`` are
+fed when present (0.. for the source; the decoder's absolute positions), and every other
+input is a state fed back by the output of the same name (the decoder's KV caches).
+The decoder starts from the param ``decoder_start`` (T5: the pad id 0; BART: 2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MaxdeclError
+from .generate import Session
+
+SEQ2SEQ_INPUTS = ("enc_tokens", "enc_positions", "dec_tokens", "dec_positions", "logit_rows")
+
+
+def is_encoder_decoder(input_names, output_names) -> bool:
+    """Whether a graph generates as an encoder-decoder (see the module doc)."""
+    names, outs = list(input_names), set(output_names)
+    return ({"enc_tokens", "dec_tokens"} <= set(names) and "logits" in outs
+            and all(n in outs for n in names if n not in SEQ2SEQ_INPUTS))
+
+
+class Seq2SeqSession(Session):
+    """A ``Session`` over the decoder of an encoder-decoder graph, for one source
+    sequence: ``step(tokens, start, state)`` runs decoder ``tokens`` at decoder positions
+    ``start..`` with the source bound at construction, so ``generate_ids`` drives it
+    unchanged (its "prompt" is the decoder's start token)."""
+
+    def __init__(self, graph, run, source_ids):
+        self.graph, self.run = graph, run
+        names = [v.name for v in graph.inputs]
+        out_names = list(graph.output_names)
+        if not is_encoder_decoder(names, out_names):
+            raise MaxdeclError(f"{graph.name}: not an encoder-decoder (it needs inputs "
+                               f"'enc_tokens' and 'dec_tokens', an output 'logits' and every "
+                               f"other input a state): inputs are {names}")
+        self._in_names = names
+        self._logits_index = out_names.index("logits")
+        self._state_names = [n for n in names if n not in SEQ2SEQ_INPUTS]
+        self._state_out = {n: out_names.index(n) for n in self._state_names}
+        self.source = np.asarray(source_ids, np.int64).reshape(-1)
+        if not self.source.size:
+            raise MaxdeclError("the source is empty (the encoder needs at least one token)")
+
+    def step(self, tokens, start: int, state: dict, all_logits: bool = False):
+        """Run decoder ``tokens`` at positions ``start..`` over the bound source; returns
+        (logits, new state)."""
+        tokens = np.asarray(tokens, np.int64)
+        feed = {"enc_tokens": self.source,
+                "enc_positions": np.arange(self.source.size, dtype=np.int64),
+                "dec_tokens": tokens,
+                "dec_positions": np.arange(start, start + tokens.size, dtype=np.int64),
+                "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits
+                               else np.array([tokens.size - 1], np.int64)), **state}
+        outs = self.run(*(feed[n] for n in self._in_names))
+        logits = outs[self._logits_index]
+        if "logit_rows" not in self._in_names and not all_logits:
+            logits = logits[-1:]
+        return logits, {n: outs[i] for n, i in self._state_out.items()}
+
+
+def decoder_start(params: dict, spec_name: str) -> int:
+    """The decoder's first token: the spec's param ``decoder_start``."""
+    start = params.get("decoder_start")
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)):
+        raise MaxdeclError(f"{spec_name}: an encoder-decoder spec generates from its param "
+                           f"'decoder_start' (the decoder's first token id; transformers' "
+                           f"decoder_start_token_id), got {start!r}")
+    return int(start)

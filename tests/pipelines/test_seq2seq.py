@@ -1,0 +1,50 @@
+"""Encoder-decoder specs generate through ``model.generate`` and ``maxdecl run``: the
+recognised inputs, the decoder start param, the refusals (logits, lookup, a missing
+decoder_start) and the command line on random weights."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import maxdecl as md
+from maxdecl.pipelines.seq2seq import is_encoder_decoder
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+def test_which_graphs_are_encoder_decoders():
+    states = ["dec.blk.0.kv_cache"]
+    assert is_encoder_decoder(["enc_tokens", "enc_positions", "dec_tokens", "dec_positions",
+                               *states], ["logits", *states])
+    assert not is_encoder_decoder(["enc_tokens", "dec_tokens", "mask"], ["logits"])  # not a state
+    assert not is_encoder_decoder(["tokens", "positions"], ["logits"])
+    assert not is_encoder_decoder(["enc_tokens", "dec_tokens"], ["hidden"])
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_random_weights_generate_and_refuse_what_does_not_apply(name):
+    model = md.load_model(SPECS / f"{name}.yaml")
+    assert model.encoder_decoder and model.session is None
+    out = model.generate("Hi!", 3, temperature=0)
+    assert len(out.ids) == 3 and out.prompt_tokens >= 3
+    again = model.generate("Hi!", 3, temperature=0)
+    assert again.ids == out.ids                                  # deterministic, stateless
+    with pytest.raises(md.InputError, match="encoder-decoder"):
+        model.logits([1, 2, 3])
+    with pytest.raises(md.InputError, match="lookup"):
+        model.generate("Hi!", 3, temperature=0, lookup=4)
+    params = dict(model.params)
+    model.params.pop("decoder_start")
+    with pytest.raises(md.MaxdeclError, match="decoder_start"):
+        model.generate("Hi!", 2)
+    model.params.update(params)
+
+
+def test_run_prints_the_source_then_the_generated_text():
+    r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "t5.yaml"), "-p",
+                        "hello", "-n", "3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1] == "hello" and "3 generated tokens" in lines[-1]
