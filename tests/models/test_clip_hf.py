@@ -99,8 +99,8 @@ def case(request, tmp_path_factory):
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(x))
     ref = {k: getattr(out, k).numpy() for k in OUTPUTS}
-    model_ = md.load_model(SPEC, path)
-    return request.param, model, path, ids, x, ref, model_
+    ours = md.load_model(SPEC, path)
+    return request.param, model, path, ids, x, ref, ours
 
 
 def test_params_from_config(case):
@@ -118,7 +118,7 @@ def test_params_from_config(case):
     assert {k: m.params[k] for k in want} == want
     assert m.params["argmax_pooling"] == (t.eos_token_id == 2)
     assert list(m.input_names) == ["tokens", "pixels"]
-    assert list(m.output_names) == list(OUTPUTS)
+    assert list(m.output_names) == ["logits", *OUTPUTS]    # logits: logits_per_image
 
 
 def test_outputs_match_transformers(case):
@@ -129,6 +129,7 @@ def test_outputs_match_transformers(case):
     assert got["logits_per_text"].shape == (b, n)
     assert got["text_embeds"].shape == (b, p)
     assert got["image_embeds"].shape == (n, p)
+    np.testing.assert_array_equal(got["logits"], got["logits_per_image"])
     errs = {k: rel_err(got[k], ref[k]) for k in OUTPUTS}
     print(f"clip {name} vs HF: " + ", ".join(f"{k} {e:.2e}" for k, e in errs.items()))
     assert all(e <= TOL for e in errs.values())
