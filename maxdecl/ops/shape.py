@@ -68,10 +68,12 @@ def _transpose_rule(inputs, attrs):
 define("reshape", rule=_reshape_rule, run="shape", attrs={"shape": REQUIRED}, kind="shape",
        dim_attrs=("shape",), normalize=lambda a: {**a, "shape": tuple(a["shape"])},
        doc="new shape; one dim may be -1; symbolic dims allowed",
-       rule_doc="element counts must match (as polynomials of the symbolic dims)")
+       rule_doc="element counts must match (as polynomials of the symbolic dims)"
+                "; x not quantized (a packed weight: an f32 encoding override, or a "
+                "load-time transform)")
 define("transpose", rule=_transpose_rule, run="shape", attrs={"perm": REQUIRED}, kind="shape",
        normalize=lambda a: {**a, "perm": tuple(int(p) for p in a["perm"])},
-       doc="permute axes", rule_doc="perm is a permutation of x's axes")
+       doc="permute axes", rule_doc="perm is a permutation of x's axes; x not quantized")
 
 
 @public
@@ -181,7 +183,8 @@ def _slice_rule(inputs, attrs):
 define("slice", rule=_slice_rule, run="shape", normalize=_normalize_slice, kind="shape",
        attrs={"starts": REQUIRED, "ends": REQUIRED, "axes": None, "steps": None},
        doc="x[starts:ends:steps] on axes (default: the first len(starts) axes)",
-       rule_doc="starts, ends, axes, steps of one length; axes distinct and in range")
+       rule_doc="starts, ends, axes, steps of one length; axes distinct and in range; x not "
+                "quantized")
 
 
 @public
