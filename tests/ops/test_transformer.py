@@ -169,6 +169,8 @@ def attn_ref(q, k, v, causal=True, scale=None, window=None, slopes=None, softcap
         mask &= j <= i
     if window:
         mask &= (i - j) < window
+        if not causal:                   # a window without causal is two-sided
+            mask &= (j - i) < window
     p = torch.softmax(s.masked_fill(~mask, -math.inf), -1)
     return (p @ v).transpose(1, 2).numpy()
 
