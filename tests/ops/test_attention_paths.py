@@ -201,3 +201,12 @@ def test_a_window_without_causal_is_two_sided(s, t, window):
     np.testing.assert_allclose(rows, ref[0], rtol=2e-5, atol=2e-6)
     masked = masked_attention(q, k, v, np.ones((s, t), bool), 0.25, False, window, None, None)
     np.testing.assert_allclose(masked, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_spread_tasks_take_the_most_heads_that_keep_every_thread_busy():
+    from maxdecl.kernels.attention_rows import spread_per
+
+    assert spread_per(4, 1, 2) == 2          # Gemma 3 decode: two heads a task on 2 threads
+    assert spread_per(4, 1, 4) == 1 and spread_per(4, 1, 16) == 1
+    assert spread_per(6, 1, 4) == 1          # 3 heads a task would leave 2 threads idle
+    assert spread_per(8, 2, 4) == 4
