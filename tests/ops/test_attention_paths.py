@@ -70,7 +70,7 @@ def test_rows_kernel_batches_sequences_exactly(seed):
 def test_rows_kernel_numbers_do_not_depend_on_twin_or_task_split(seed):
     """Every (parallel, serial) twin and every split of the query heads into tasks gives
     the same bits (so a row's output does not depend on which path its batch took), and
-    a lone decode row with enough keys takes the spread path (a task per query head)."""
+    a lone decode row with enough keys takes the spread path (its query heads spread over the threads)."""
     from maxdecl.kernels import attention_rows as ar
     from maxdecl.kernels.aligned import address
 
