@@ -69,3 +69,14 @@ def error_with_state_reset(graph, weights, ref, ids, reset: str = "",
     state = {n: zeros[n] if n.endswith(reset) else v for n, v in state.items()}
     lg, _ = s.step([ids[n_prompt]], n_prompt, state)
     return rel_err(lg[-1], ref[n_prompt])
+
+
+def mamba2_dynamics(mixer, heads: int, gen) -> None:
+    """A Mamba-2 mixer's ``A_log`` and ``dt_bias`` drawn where trained checkpoints hold
+    them (A in [0.5, 4], softplus(dt_bias) in [0.01, 0.2]), in place, from ``gen``: random
+    N(0, 1) values make the scan forget everything or nothing."""
+    import torch
+
+    mixer.A_log.copy_(torch.log(0.5 + 3.5 * torch.rand(heads, generator=gen)))
+    dt = 0.01 + 0.19 * torch.rand(heads, generator=gen)
+    mixer.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))     # softplus^-1

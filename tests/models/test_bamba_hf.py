@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from archhelp import Stepper, decoder_errors, error_with_state_reset, load
+from archhelp import Stepper, decoder_errors, error_with_state_reset, load, mamba2_dynamics
 from modelhelp import (TOL, assert_greedy_matches_hf, compare, hf_logits, randomize, rel_err,
                        save_hf, spec_path, token_ids, with_hf_config)
 
@@ -68,9 +68,7 @@ def make_bamba(seed=0, **kw):
         for layer in model.model.layers:
             if hasattr(layer, "mamba"):
                 h = cfg.mamba_n_heads
-                layer.mamba.A_log.copy_(torch.log(0.5 + 3.5 * torch.rand(h, generator=gen)))
-                dt = 0.01 + 0.19 * torch.rand(h, generator=gen)
-                layer.mamba.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1
+                mamba2_dynamics(layer.mamba, h, gen)
         if cfg.tie_word_embeddings:      # a tied N(0, 1) table would dominate the logits
             model.model.embed_tokens.weight.mul_(0.1)
     return model.eval()

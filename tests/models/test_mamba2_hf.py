@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from archhelp import Stepper, decoder_errors, error_with_state_reset, load
+from archhelp import Stepper, decoder_errors, error_with_state_reset, load, mamba2_dynamics
 from modelhelp import (TOL, assert_greedy_matches_hf, hf_logits, randomize, rel_err, save_hf,
                        spec_path, token_ids, with_hf_config)
 
@@ -36,10 +36,7 @@ def make_mamba2(seed=0, n_groups=1, tied=True, **kw):
     gen = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for layer in model.backbone.layers:
-            h = cfg.num_heads
-            layer.mixer.A_log.copy_(torch.log(0.5 + 3.5 * torch.rand(h, generator=gen)))
-            dt = 0.01 + 0.19 * torch.rand(h, generator=gen)
-            layer.mixer.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))   # softplus^-1
+            mamba2_dynamics(layer.mixer, cfg.num_heads, gen)
     return model.eval()
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from archhelp import Stepper, decoder_errors, error_with_state_reset, load
+from archhelp import Stepper, decoder_errors, error_with_state_reset, load, mamba2_dynamics
 from modelhelp import (TOL, assert_greedy_matches_hf, compare, hf_logits, randomize, rel_err,
                        save_hf, spec_path, token_ids, with_hf_config)
 
@@ -69,9 +69,7 @@ def make_zamba2(seed=0, **kw):
         for layer in model.model.layers:
             mixer = layer.mamba_decoder.mamba if hasattr(layer, "mamba_decoder") else layer.mamba
             h = cfg.n_mamba_heads
-            mixer.A_log.copy_(torch.log(0.5 + 3.5 * torch.rand(h, generator=gen)))
-            dt = 0.01 + 0.19 * torch.rand(h, generator=gen)
-            mixer.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))     # softplus^-1
+            mamba2_dynamics(mixer, h, gen)
         if cfg.tie_word_embeddings:      # a tied N(0, 1) table would dominate the logits
             model.model.embed_tokens.weight.mul_(0.1)
     return model.eval()
