@@ -281,10 +281,10 @@ def _memo_key(text: str, read: frozenset, env) -> tuple | None:
 
 def _remember(key, value) -> None:
     if isinstance(value, list):
-        if not all(isinstance(v, _PLAIN) for v in value):
-            return
+        if len(value) > 4096 or not all(isinstance(v, _PLAIN) for v in value):
+            return                              # bounded: at most 16384 x 4096 items
         entry = (tuple(value), True)            # a flat list: a fresh copy per hit
-    elif isinstance(value, _PLAIN):
+    elif isinstance(value, _PLAIN) and not (isinstance(value, str) and len(value) > 4096):
         entry = (value, False)
     else:
         return
@@ -440,7 +440,7 @@ def split_template(s: str) -> list[tuple[bool, str]]:
 
     ``{{`` and ``}}`` stand for literal braces. Brackets inside an expression nest.
     """
-    return list(_split_cached(s))
+    return list(_split_cached(s)) if len(s) <= 4096 else _split(s)   # bounded cache
 
 
 @functools.lru_cache(maxsize=8192)
