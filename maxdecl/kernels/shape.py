@@ -35,7 +35,14 @@ def resolve_dims(target, in_dims, in_shape) -> list:
 
 def _unflatten(x, like, attrs):
     axis = attrs["axis"] % x.ndim
-    sizes = tuple(like.shape[a] for a in attrs["like_axes"])
+    if like is None:
+        sizes = tuple(attrs["sizes"])
+        known = int(np.prod([v for v in sizes if v != -1], dtype=np.int64))
+        if (x.shape[axis] % known if -1 in sizes else x.shape[axis] != known):
+            raise ValueError(f"unflatten: sizes {list(sizes)} do not fit the axis length "
+                             f"{x.shape[axis]}")
+    else:
+        sizes = tuple(like.shape[a] for a in attrs["like_axes"])
     return x.reshape(x.shape[:axis] + sizes + x.shape[axis + 1:])
 
 
@@ -119,7 +126,8 @@ RUN = {
     "expand_as": lambda args, attrs: [np.ascontiguousarray(np.broadcast_to(args[0],
                                                                            args[1].shape))],
     "tile": lambda args, attrs: [np.tile(args[0], attrs["repeats"])],
-    "unflatten": lambda args, attrs: [_unflatten(args[0], args[1], attrs)],
+    "unflatten": lambda args, attrs: [_unflatten(args[0], args[1] if len(args) > 1 else None,
+                                                 attrs)],
     "roll": lambda args, attrs: [np.roll(args[0], attrs["shifts"], attrs["axes"])],
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
 }

@@ -359,37 +359,75 @@ define("expand_as", rule=_expand_as_rule, run="shape", inputs=("x", "like"), kin
        rule_doc="each dim of x 1 or equal to like's (trailing dims aligned); out: x's dtype, "
                 "like's shape; like's values are not read")
 def _unflatten_rule(inputs, attrs):
-    x, like = inputs
+    x, *like = inputs
     _checks.not_quantized(x)
-    axis, axes = attrs["axis"], attrs["like_axes"]
+    axis, axes, fixed = attrs["axis"], attrs["like_axes"], attrs["sizes"]
     if not -x.rank <= axis < x.rank:
         raise ValueError(f"axis {axis} is not an axis of x{format_shape(x.shape)}")
-    if not axes or any(not -like.rank <= a < like.rank for a in axes):
-        raise ValueError(f"like_axes {list(axes)} must name axes of like"
-                         f"{format_shape(like.shape)}")
+    if (fixed is None) == (not like) or (like and axes is None) or (fixed and axes):
+        raise ValueError("unflatten takes either the input like with like_axes, or sizes")
     axis %= x.rank
-    sizes = tuple(like.shape[a % like.rank] for a in axes)
-    if dims.differ(dims.mul(*sizes), x.shape[axis]):
-        raise ValueError(f"axis {axis} of x{format_shape(x.shape)} is {x.shape[axis]}, not "
-                         f"the product of like{format_shape(like.shape)}'s axes "
-                         f"{list(axes)} ({dims.mul(*sizes)})")
+    d = x.shape[axis]
+    if fixed is not None:
+        sizes = _fixed_sizes(d, fixed, x)
+    else:
+        (like,) = like
+        if not axes or any(not -like.rank <= a < like.rank for a in axes):
+            raise ValueError(f"like_axes {list(axes)} must name axes of like"
+                             f"{format_shape(like.shape)}")
+        sizes = tuple(like.shape[a % like.rank] for a in axes)
+        if dims.differ(dims.mul(*sizes), d):
+            raise ValueError(f"axis {axis} of x{format_shape(x.shape)} is {d}, not "
+                             f"the product of like{format_shape(like.shape)}'s axes "
+                             f"{list(axes)} ({dims.mul(*sizes)})")
     return [TensorType(x.dtype, x.shape[:axis] + sizes + x.shape[axis + 1:])]
 
 
+def _fixed_sizes(d, fixed, x) -> tuple:
+    """``sizes`` with its -1 (if any) worked out from the axis length ``d``: an int, the
+    polynomial quotient, or an opaque ``div(d,known)`` for a length no name divides."""
+    known = 1
+    for v in fixed:
+        known *= v if v != -1 else 1
+    if -1 not in fixed:
+        if dims.differ(known, d):
+            raise ValueError(f"sizes {list(fixed)} multiply to {known}, not the axis length "
+                             f"{d} of x{format_shape(x.shape)}")
+        return tuple(fixed)
+    if isinstance(d, int):
+        if d % known:
+            raise ValueError(f"sizes {list(fixed)} do not divide the axis length {d} of "
+                             f"x{format_shape(x.shape)}")
+        rest = d // known
+    else:
+        rest = dims.divide(d, known) or f"div({d},{known})"
+    return tuple(rest if v == -1 else v for v in fixed)
+
+
 def _normalize_unflatten(a):
-    axes = a["like_axes"]
-    axes = (axes,) if isinstance(axes, int) else tuple(axes)
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in (a["axis"], *axes)):
+    if a["axis"] is None:
+        raise ValueError("unflatten needs attribute 'axis'")
+    axes, fixed = a["like_axes"], a["sizes"]
+    axes = None if axes is None else (axes,) if isinstance(axes, int) else tuple(axes)
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (a["axis"], *(axes or ()))):
         raise ValueError(f"axis and like_axes must be ints, got {a['axis']!r}, {a['like_axes']!r}")
-    return {**a, "like_axes": axes}
+    if fixed is not None:
+        fixed = (fixed,) if isinstance(fixed, int) else tuple(fixed)
+        if (not fixed or sum(v == -1 for v in fixed) > 1
+                or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1)
+                       for v in fixed)):
+            raise ValueError(f"unflatten sizes must be positive ints, one of them -1 at most, "
+                             f"got {a['sizes']!r}")
+    return {**a, "like_axes": axes, "sizes": fixed}
 
 
-define("unflatten", rule=_unflatten_rule, run="shape", inputs=("x", "like"),
-       attrs={"axis": REQUIRED, "like_axes": REQUIRED}, normalize=_normalize_unflatten,
-       kind="shape", doc="axis of x split into the sizes of like's like_axes "
-                         "(torch's x.unflatten(axis, like.shape[...]))",
-       rule_doc="x's axis is the product of like's like_axes; out: those dims in its place; "
-                "like's values are not read")
+define("unflatten", rule=_unflatten_rule, run="shape", inputs=("x",), optional=("like",),
+       attrs={"axis": None, "like_axes": None, "sizes": None},    # axis: required (checked)
+       normalize=_normalize_unflatten,
+       kind="shape", doc="axis of x split into the sizes of like's like_axes, or into sizes "
+                         "(torch's x.unflatten(axis, sizes))",
+       rule_doc="x's axis is the product of like's like_axes (or of sizes, one may be -1); "
+                "out: those dims in its place; like's values are not read")
 def _roll_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -501,7 +539,10 @@ def unflatten():  # noqa: A001 - the signature comes from the definition
     such as a strided conv's output height and width (``win(...)``): tokens ``[n, H*W,
     C]`` back to the feature map ``[n, H, W, C]`` they were flattened from is
     ``unflatten(tokens, fmap, axis: 1, like_axes: [1, 2])`` (hierarchical vision
-    transformers: SegFormer, Swin). Only the shape of ``like`` is used.
+    transformers: SegFormer, Swin). Only the shape of ``like`` is used. Or, without
+    ``like``, fixed ``sizes`` (one may be -1), torch's ``x.unflatten(axis, (-1, p))``:
+    rows of a strided-conv map cut into patches of ``p`` (MobileViT); over a length no
+    name divides, the -1 becomes an opaque ``div(h,p)`` dim, checked when it runs.
     """
 
 

@@ -253,3 +253,28 @@ def test_pad_symbolic_sizes_and_refusals():
     g.output(md.ops.pad(g.inputs[0], [3, 0], axes=[1], mode="reflect"))
     with pytest.raises(md.GraphError, match="must be less than the size 2"):
         g.execute(np.zeros((1, 2, 4), np.float32))
+
+
+def test_unflatten_by_fixed_sizes_over_static_and_symbolic_axes():
+    """torch's x.unflatten(axis, (-1, p)): sizes with one -1; over a symbolic length the
+    quotient (2*h / 2 is h) or an opaque div(h,p) dim, checked when it runs."""
+    g = md.Graph("t", [md.TensorType("float32", (1, "2*h", 6, 3)),
+                       md.TensorType("float32", (1, "w", 3))])
+    a = md.ops.unflatten(g.inputs[0], axis=1, sizes=[-1, 2])
+    b = md.ops.unflatten(g.inputs[0], axis=2, sizes=[3, 2])
+    c = md.ops.unflatten(g.inputs[1], axis=1, sizes=[-1, 4])
+    assert a.type.shape == (1, "h", 2, 6, 3) and b.type.shape == (1, "2*h", 3, 2, 3)
+    assert c.type.shape == (1, "div(w,4)", 4, 3)
+    g.output([a, c])
+    x = np.arange(1 * 4 * 6 * 3, dtype=np.float32).reshape(1, 4, 6, 3)
+    y = np.arange(1 * 8 * 3, dtype=np.float32).reshape(1, 8, 3)
+    out_a, out_c = g.execute(x, y)
+    np.testing.assert_array_equal(out_a, torch.from_numpy(x).unflatten(1, (-1, 2)).numpy())
+    np.testing.assert_array_equal(out_c, torch.from_numpy(y).unflatten(1, (-1, 4)).numpy())
+    with pytest.raises(md.GraphError, match="do not fit the axis length 6"):
+        g.execute(x, np.zeros((1, 6, 3), np.float32))
+    for kw, match in ((dict(sizes=[-1, -1]), "one of them -1 at most"),
+                      (dict(sizes=[4, 4]), "multiply to 16"), (dict(sizes=[0, -1]), "positive"),
+                      (dict(), "either the input like with like_axes, or sizes")):
+        with pytest.raises(md.GraphError, match=match):
+            md.ops.unflatten(g.inputs[0], axis=2, **kw)
