@@ -20,7 +20,8 @@ from .pipelines import params as checks
 from .pipelines.generate import (GenerateOutput, GenerateRequest, Session, generate_ids,
                                  is_language_model)
 from .pipelines.sampling import Sampler
-from .pipelines.seq2seq import Seq2SeqSession, decoder_start, is_encoder_decoder
+from .pipelines.seq2seq import (Seq2SeqSession, decoder_start, is_encoder_decoder,
+                                source_input)
 from .runtime import compile as compile_graph
 
 __all__ = ["Model", "load_model", "generate", "GenerateOutput"]
@@ -81,7 +82,9 @@ class Model:
                              f"are for decoder-only language models")
         if self.session is None:
             raise InputError(f"{self.spec.file}: not a language model (it needs graph inputs "
-                             f"'tokens' and 'positions' and an output 'logits'; inputs are "
+                             f"'tokens' and 'positions' and an output 'logits', or, for an "
+                             f"encoder-decoder, a source 'enc_tokens' (or one other 'enc_*') "
+                             f"and 'dec_tokens'; every other input a state; inputs are "
                              f"{self.input_names}, outputs {self.output_names}): run it with "
                              "model(*inputs)")
         return self.session
@@ -162,10 +165,14 @@ class Model:
         truncate = checks.check_bool("truncate", truncate)
         if stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
-        prompts, batch = checks.split_batch(prompt)
-        requests = [GenerateRequest(checks.fit_context(self.encode(p), max_new_tokens, self.context,
-                                               truncate), max_new_tokens, sampling, stop)
-                    for p in prompts]
+        if self.encoder_decoder and self._array_source():
+            prompts, batch = _source_arrays(prompt)        # Whisper: spectrograms, not text
+            requests = [GenerateRequest(p, max_new_tokens, sampling, stop) for p in prompts]
+        else:
+            prompts, batch = checks.split_batch(prompt)
+            requests = [GenerateRequest(checks.fit_context(self.encode(p), max_new_tokens,
+                                                           self.context, truncate),
+                                        max_new_tokens, sampling, stop) for p in prompts]
         lookup = checks.check_lookup(lookup)
         if lookup and sampling["temperature"] != 0:
             raise InputError("lookup decoding is greedy only: use temperature=0")
@@ -184,6 +191,10 @@ class Model:
         """Several requests (or one with prompt lookup) through continuous batching."""
         return _batch_outputs(self, requests, on_text, lookup)
 
+    def _array_source(self) -> bool:
+        """Whether this encoder-decoder's source is an array (not ``enc_tokens``)."""
+        return source_input(self.input_names) != "enc_tokens"
+
     def _generate_seq2seq(self, requests, on_text=None) -> list[GenerateOutput]:
         """Encoder-decoder generation: each source through the encoder, the decoder from
         the spec's ``decoder_start`` token, one sequence at a time."""
@@ -194,8 +205,9 @@ class Model:
             session = Seq2SeqSession(self.graph, self._run, r.ids)
             out = generate_ids(session, self.tokenizer, [start], r.max_new_tokens,
                                Sampler(**r.sampling), on_text=emit, stop=r.stop)
+            array = isinstance(r.ids, np.ndarray)
             outs.append(dataclasses.replace(out, prompt_tokens=len(r.ids),
-                                            prompt_ids=list(r.ids)))
+                                            prompt_ids=[] if array else list(r.ids)))
         return outs
 
     def _generate_each(self, requests, on_text=None, on_prefill=None) -> list[GenerateOutput]:
@@ -341,3 +353,16 @@ def generate(spec, weights, prompt, max_new_tokens: int = 16, temperature: float
     model = load_model(spec, weights, variant, tokenizer)
     return model.generate(prompt, max_new_tokens, temperature, top_k, top_p, seed=seed,
                           on_text=on_text, **kwargs)
+
+
+def _source_arrays(prompt) -> tuple[list, bool]:
+    """(sources, batch) of an encoder-decoder whose source is an array: one ndarray, or
+    a list of them (a batch, decoded one after another)."""
+    if isinstance(prompt, np.ndarray):
+        return [prompt], False
+    if isinstance(prompt, (list, tuple)) and prompt and all(
+            isinstance(p, np.ndarray) for p in prompt):
+        return list(prompt), True
+    raise InputError(f"this encoder-decoder's source is an array (its encoder input is not "
+                     f"token ids): give a numpy array or a list of them, got "
+                     f"{type(prompt).__name__}")

@@ -1,11 +1,13 @@
 """Generation for encoder-decoder specs (T5, BART): the source ids go to the encoder
 inputs at every step, the decoder steps through its own tokens and states.
 
-A spec is an encoder-decoder when its graph inputs include ``enc_tokens`` and
-``dec_tokens`` and it outputs ``logits``; ``enc_positions`` and ``dec_positions`` are
-fed when present (0.. for the source; the decoder's absolute positions), and every other
-input is a state fed back by the output of the same name (the decoder's KV caches).
-The decoder starts from the param ``decoder_start`` (T5: the pad id 0; BART: 2).
+A spec is an encoder-decoder when its graph inputs include ``dec_tokens`` and one
+source input named ``enc_*`` (``enc_tokens``: token ids; any other, such as Whisper's
+``enc_features``: an array given as the prompt) and it outputs ``logits``;
+``enc_positions`` and ``dec_positions`` are fed when present (0.. along the source's
+first axis; the decoder's absolute positions), and every other input is a state fed
+back by the output of the same name (the decoder's KV caches). The decoder starts from
+the param ``decoder_start`` (T5: the pad id 0; BART: 2).
 """
 
 from __future__ import annotations
@@ -15,14 +17,25 @@ import numpy as np
 from ..errors import MaxdeclError
 from .generate import Session
 
-SEQ2SEQ_INPUTS = ("enc_tokens", "enc_positions", "dec_tokens", "dec_positions", "logit_rows")
+STEP_INPUTS = ("enc_positions", "dec_tokens", "dec_positions", "logit_rows")
+
+
+def source_input(input_names) -> str | None:
+    """The encoder's source input: ``enc_tokens``, else the one other ``enc_*`` input
+    (not ``enc_positions``), else None."""
+    names = list(input_names)
+    if "enc_tokens" in names:
+        return "enc_tokens"
+    others = [n for n in names if n.startswith("enc_") and n != "enc_positions"]
+    return others[0] if len(others) == 1 else None
 
 
 def is_encoder_decoder(input_names, output_names) -> bool:
     """Whether a graph generates as an encoder-decoder (see the module doc)."""
     names, outs = list(input_names), set(output_names)
-    return ({"enc_tokens", "dec_tokens"} <= set(names) and "logits" in outs
-            and all(n in outs for n in names if n not in SEQ2SEQ_INPUTS))
+    src = source_input(names)
+    return (src is not None and "dec_tokens" in names and "logits" in outs
+            and all(n in outs for n in names if n not in STEP_INPUTS and n != src))
 
 
 class Seq2SeqSession(Session):
@@ -36,14 +49,19 @@ class Seq2SeqSession(Session):
         names = [v.name for v in graph.inputs]
         out_names = list(graph.output_names)
         if not is_encoder_decoder(names, out_names):
-            raise MaxdeclError(f"{graph.name}: not an encoder-decoder (it needs inputs "
-                               f"'enc_tokens' and 'dec_tokens', an output 'logits' and every "
-                               f"other input a state): inputs are {names}")
+            raise MaxdeclError(f"{graph.name}: not an encoder-decoder (it needs a source "
+                               f"input 'enc_tokens' or one other 'enc_*', 'dec_tokens', an "
+                               f"output 'logits' and every other input a state): inputs are "
+                               f"{names}")
         self._in_names = names
         self._logits_index = out_names.index("logits")
-        self._state_names = [n for n in names if n not in SEQ2SEQ_INPUTS]
+        self._source_name = source_input(names)
+        self._state_names = [n for n in names
+                             if n not in STEP_INPUTS and n != self._source_name]
         self._state_out = {n: out_names.index(n) for n in self._state_names}
-        self.source = np.asarray(source_ids, np.int64).reshape(-1)
+        want = next(v for v in graph.inputs if v.name == self._source_name).dtype.numpy
+        self.source = (np.asarray(source_ids, np.int64).reshape(-1)
+                       if self._source_name == "enc_tokens" else np.asarray(source_ids, want))
         if not self.source.size:
             raise MaxdeclError("the source is empty (the encoder needs at least one token)")
 
@@ -51,8 +69,8 @@ class Seq2SeqSession(Session):
         """Run decoder ``tokens`` at positions ``start..`` over the bound source; returns
         (logits, new state)."""
         tokens = np.asarray(tokens, np.int64)
-        feed = {"enc_tokens": self.source,
-                "enc_positions": np.arange(self.source.size, dtype=np.int64),
+        feed = {self._source_name: self.source,
+                "enc_positions": np.arange(self.source.shape[0], dtype=np.int64),
                 "dec_tokens": tokens,
                 "dec_positions": np.arange(start, start + tokens.size, dtype=np.int64),
                 "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits

@@ -19,6 +19,8 @@ def test_which_graphs_are_encoder_decoders():
     assert is_encoder_decoder(["enc_tokens", "enc_positions", "dec_tokens", "dec_positions",
                                *states], ["logits", *states])
     assert not is_encoder_decoder(["enc_tokens", "dec_tokens", "mask"], ["logits"])  # not a state
+    assert is_encoder_decoder(["enc_features", "dec_tokens", "dec_positions"], ["logits"])
+    assert not is_encoder_decoder(["enc_a", "enc_b", "dec_tokens"], ["logits"])  # two sources
     assert not is_encoder_decoder(["tokens", "positions"], ["logits"])
     assert not is_encoder_decoder(["enc_tokens", "dec_tokens"], ["hidden"])
 
