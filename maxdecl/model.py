@@ -192,7 +192,8 @@ class Model:
         return _batch_outputs(self, requests, on_text, lookup)
 
     def _array_source(self) -> bool:
-        """Whether this encoder-decoder's source is an array (not ``enc_tokens``)."""
+        """Whether this encoder-decoder's source is an array (not ``enc_tokens``): then
+        ``maxdecl run`` runs the graph on ``--input`` arrays, ``generate`` takes arrays."""
         return source_input(self.input_names) != "enc_tokens"
 
     def _generate_seq2seq(self, requests, on_text=None) -> list[GenerateOutput]:

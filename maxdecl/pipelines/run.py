@@ -47,7 +47,8 @@ def run_cli(args) -> int:
                            args.ctx_size or None)
         if model.note:
             print(model.note, flush=True)
-        if model.session is None and (inputs or args.output or not model.encoder_decoder):
+        text_source = model.encoder_decoder and not model._array_source()
+        if model.session is None and (inputs or args.output or not text_source):
             return _run_graph(model, inputs, args.output)      # encoder-decoders: either
         if inputs or args.output:
             raise InputError(f"{args.spec} is a language model: --input/--output are for "

@@ -50,3 +50,9 @@ def test_run_prints_the_source_then_the_generated_text():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[1] == "hello" and "3 generated tokens" in lines[-1]
+
+
+def test_run_of_an_array_source_encoder_decoder_takes_inputs_not_text():
+    r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "whisper.yaml"),
+                        "-p", "hello", "-n", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "missing --input for enc_features" in r.stderr
