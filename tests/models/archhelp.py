@@ -80,3 +80,17 @@ def mamba2_dynamics(mixer, heads: int, gen) -> None:
     mixer.A_log.copy_(torch.log(0.5 + 3.5 * torch.rand(heads, generator=gen)))
     dt = 0.01 + 0.19 * torch.rand(heads, generator=gen)
     mixer.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))     # softplus^-1
+
+
+def hf_cases(make, cases: dict, tmp_path_factory, prefix: str, vocab: int, n_tokens: int) -> dict:
+    """name -> (HF model, its save_pretrained folder, token ids, HF logits) for each
+    ``cases`` entry: ``make(seed=k, **kw)`` built, saved and run once (ids seeded 7 + k)."""
+    from modelhelp import hf_logits, save_hf, token_ids
+
+    out = {}
+    for k, (name, kw) in enumerate(cases.items()):
+        model = make(seed=k, **kw)
+        path = save_hf(model, tmp_path_factory.mktemp(f"{prefix}_{name}"))
+        ids = token_ids(vocab, n=n_tokens, seed=7 + k)
+        out[name] = (model, path, ids, hf_logits(model, ids))
+    return out

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from archhelp import Stepper, decoder_errors, error_with_state_reset, load, mamba2_dynamics
+from archhelp import (Stepper, decoder_errors, error_with_state_reset, hf_cases, load,
+                      mamba2_dynamics)
 from modelhelp import (TOL, assert_greedy_matches_hf, compare, hf_logits, randomize, rel_err,
                        save_hf, spec_path, token_ids, with_hf_config)
 
@@ -76,13 +77,7 @@ def make_bamba(seed=0, **kw):
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    out = {}
-    for k, (name, kw) in enumerate(CASES.items()):
-        model = make_bamba(seed=k, **kw)
-        path = save_hf(model, tmp_path_factory.mktemp(f"bamba_{name}"))
-        ids = token_ids(VOCAB, n=N_TOKENS, seed=7 + k)
-        out[name] = (model, path, ids, hf_logits(model, ids))
-    return out
+    return hf_cases(make_bamba, CASES, tmp_path_factory, "bamba", VOCAB, N_TOKENS)
 
 
 def test_bamba_weights_and_params_from_hf(cases):

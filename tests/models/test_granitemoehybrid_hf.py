@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from archhelp import Stepper, decoder_errors, error_with_state_reset, load, mamba2_dynamics
+from archhelp import (Stepper, decoder_errors, error_with_state_reset, hf_cases, load,
+                      mamba2_dynamics)
 from modelhelp import (TOL, assert_greedy_matches_hf, compare, hf_logits, hf_state, randomize,
                        rel_err, save_hf, spec_path, token_ids, with_hf_config)
 
@@ -83,13 +84,7 @@ def make_granitemoehybrid(seed=0, **kw):
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    out = {}
-    for k, (name, kw) in enumerate(CASES.items()):
-        model = make_granitemoehybrid(seed=k, **kw)
-        path = save_hf(model, tmp_path_factory.mktemp(f"granitemoehybrid_{name}"))
-        ids = token_ids(VOCAB, n=N_TOKENS, seed=7 + k)
-        out[name] = (model, path, ids, hf_logits(model, ids))
-    return out
+    return hf_cases(make_granitemoehybrid, CASES, tmp_path_factory, "granitemoehybrid", VOCAB, N_TOKENS)
 
 
 @pytest.fixture(scope="module")
