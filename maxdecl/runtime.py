@@ -87,22 +87,35 @@ class CompiledGraph:
         self.fused = fusion.enabled(fuse)
         self.steps = fusion.plan(self._nodes, bound, self.fused)
         self._run = _generate(graph, preloaded, self.steps, self._nodes)
+        self._plan = (graph, preloaded)          # for ``fixed`` runs of the same steps
         from .kernels import compiler_pages
         self._pages = compiler_pages
 
     def __call__(self, *inputs, rows=None) -> list:
+        return self._execute(self._run, self._arrays(inputs, rows), rows)
+
+    def fixed(self, names) -> "FixedInputsRun":
+        """This graph as a callable of the same inputs that runs the steps reading only
+        the inputs ``names`` (and the weights) once per value of those inputs, and
+        reuses their results while later calls pass equal values: an encoder-decoder's
+        encoder and cross-attention keys and values, computed once per source."""
+        return FixedInputsRun(self, names)
+
+    def _arrays(self, inputs, rows) -> list:
         arrays = [a if isinstance(a, (QuantizedTensor, PerSequence)) else np.asanyarray(a)
                   for a in inputs]
         if rows is None:
             bind_inputs(self, arrays)
-        else:
-            rows = _check_batch(self, arrays, rows)
+            return arrays
+        return _check_batch(self, arrays, rows)
+
+    def _execute(self, run, arrays, rows, *extra) -> list:
         env = arrays + self._bound
         loads = self._pages.loads()
         try:
-            return self._run(env, rows)
+            return run(env, rows, *extra)
         except Exception as e:  # noqa: BLE001 - one error type out of a run
-            s, args = _failed_step(e, self._run)
+            s, args = _failed_step(e, run)
             if s is None:
                 raise
             step = self.steps[s]
@@ -123,6 +136,48 @@ class CompiledGraph:
     def __repr__(self) -> str:
         return (f"CompiledGraph({self.name!r}, {len(self._nodes)} nodes, "
                 f"{sum(s.kind != 'reshape' for s in self.steps)} calls)")
+
+
+class FixedInputsRun:
+    """``compiled.fixed(names)``: call it as the compiled graph. The steps that read only
+    the inputs ``names`` and the weights run when those inputs differ from the last
+    call's (or on the first call), and their results serve the calls in between; batched
+    calls (``rows=``) run the whole graph. The results of those steps are shared by the
+    calls that reuse them: outputs among them are the same arrays each time."""
+
+    def __init__(self, compiled: CompiledGraph, names):
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in names if n not in compiled.input_names]
+        if unknown:
+            raise GraphError(f"{compiled.name}: no input named {', '.join(map(repr, unknown))} "
+                             f"to fix (inputs: {', '.join(compiled.input_names)})")
+        self.compiled = compiled
+        self._at = [compiled.input_names.index(n) for n in names]
+        graph, preloaded = compiled._plan
+        self._run = _generate(graph, preloaded, compiled.steps, compiled._nodes, set(names))
+        self._key = None
+        self.values = None           # the fixed steps' results, once computed
+
+    def __call__(self, *inputs, rows=None) -> list:
+        if rows is not None:
+            return self.compiled(*inputs, rows=rows)
+        arrays = self.compiled._arrays(inputs, None)
+        key = [arrays[i] for i in self._at]
+        if self._key is None or not all(_same(a, b) for a, b in zip(key, self._key)):
+            self.values = None
+            self._key = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a
+                         for a in key]
+        try:
+            return self.compiled._execute(self._run, arrays, None, self)
+        except BaseException:
+            self._key = self.values = None   # a failed run leaves nothing half-kept
+            raise
+
+
+def _same(a, b) -> bool:
+    """Whether a fixed input equals its last value (dtype, shape and every element)."""
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+            and a.shape == b.shape and np.array_equal(a, b))
 
 
 def compile(graph, weights=None, fuse=None) -> CompiledGraph:  # noqa: A001 - md.compile
@@ -287,12 +342,17 @@ def _fold_weight_casts(nodes, bound: dict) -> tuple[list, list]:
     return left, folded
 
 
-def _generate(graph, preloaded, steps, nodes):
+def _generate(graph, preloaded, steps, nodes, fixed=None):
     """``run(env, rows)``: Python generated from the plan's ``steps`` (``maxdecl.fusion``),
     one line each; ``env`` holds the inputs, then the values known before any call (the
     bound weights, the folded casts), in the order of ``graph.inputs`` and
     ``preloaded``. ``run.steps`` maps a line number to its step index (for
-    ``_failed_step``)."""
+    ``_failed_step``).
+
+    ``fixed`` (a set of input names): ``run(env, rows, memo)`` instead, whose steps that
+    depend on no other input run first, and only while ``memo.values`` is None; they
+    leave there the values the other steps and the outputs read, and later runs take
+    them from there."""
     from . import kernels  # noqa: F401  (numba's NumPy support, loaded the fast way)
 
     slot: dict[int, int] = {}
@@ -301,37 +361,57 @@ def _generate(graph, preloaded, steps, nodes):
         return f"v{slot.setdefault(id(value), len(slot))}"
 
     loaded = [v(x) for x in graph.inputs] + [v(x) for x in preloaded]
+    flags = _fixed_steps(graph, preloaded, steps, fixed) if fixed is not None else None
+    order = list(range(len(steps)))
+    if flags is not None:                    # the fixed steps first, in plan order
+        order = [s for s in order if flags[s]] + [s for s in order if not flags[s]]
     last = {}
-    for s, step in enumerate(steps):
-        for x in step.inputs:
-            last[v(x)] = s
+    for at, s in enumerate(order):
+        for x in steps[s].inputs:
+            last[v(x)] = at
     keep = {v(x) for x in graph.outputs}
-    lines = ["def run(env, rows):"]
+    memo = []
+    if flags is not None:                    # fixed values the rest reads or returns
+        made = {v(x) for s in order if flags[s] for x in steps[s].outputs}
+        read = {v(x) for s in order if not flags[s] for x in steps[s].inputs} | keep
+        memo = sorted(made & read, key=lambda n: int(n[1:]))
+        keep |= set(memo)
+    lines = ["def run(env, rows):" if flags is None else "def run(env, rows, memo):"]
     lines += [f"    {name} = env[{k}]" for k, name in enumerate(loaded)]
     line_step = {}
-    runs, attrs, defs = [], [], []
-    for s, step in enumerate(steps):
+    runs, attrs, defs = [None] * len(steps), [None] * len(steps), [None] * len(steps)
+    pad = "    "
+    for at, s in enumerate(order):
+        if flags is not None and at == 0 and flags[s]:
+            lines.append("    if memo.values is None:")
+        if flags is not None and not flags[s] and (at == 0 or flags[order[at - 1]]):
+            lines += _memo_lines(memo, at > 0)
+            pad = "    "
+        if flags is not None and flags[s]:
+            pad = "        "
+        step = steps[s]
         outs = ", ".join(v(x) for x in step.outputs)
         ins = ", ".join(v(x) for x in step.inputs)
         opdef = _registry.get(nodes[step.nodes[0]].op)
         if step.kind == "node":
-            runs.append(opdef.runner())
+            runs[s] = opdef.runner()
             call = (f"_per_sequence(_run[{s}], [{ins}], _attrs[{s}], _defs[{s}], rows)"
                     if opdef.sequence_axis is not None else f"_run[{s}]([{ins}], _attrs[{s}])")
-            line = f"    {outs}, = {call}" if step.outputs else f"    {call}"
+            line = f"{pad}{outs}, = {call}" if step.outputs else f"{pad}{call}"
         elif step.kind == "reshape":
-            runs.append(None)
-            line = f"    {outs} = {ins}.reshape({step.attrs['shape']!r})"
+            line = f"{pad}{outs} = {ins}.reshape({step.attrs['shape']!r})"
         else:
-            runs.append(fusion.runner(step.kind))
-            line = f"    {outs}, = _run[{s}]([{ins}], _attrs[{s}])"
-        attrs.append(step.attrs if step.kind != "node" else _run_attrs(nodes[step.nodes[0]]))
-        defs.append(opdef)
+            runs[s] = fusion.runner(step.kind)
+            line = f"{pad}{outs}, = _run[{s}]([{ins}], _attrs[{s}])"
+        attrs[s] = step.attrs if step.kind != "node" else _run_attrs(nodes[step.nodes[0]])
+        defs[s] = opdef
         lines.append(line)
         line_step[len(lines)] = s
-        dead = [name for name, at in last.items() if at == s and name not in keep]
+        dead = [name for name, at_ in last.items() if at_ == at and name not in keep]
         if dead:
-            lines.append(f"    del {', '.join(sorted(dead))}")
+            lines.append(f"{pad}del {', '.join(sorted(dead))}")
+    if flags is not None and (not order or flags[order[-1]]):
+        lines += _memo_lines(memo, bool(order))
     lines.append(f"    return [{', '.join(v(x) for x in graph.outputs)}]")
     scope = {"_run": runs, "_attrs": attrs, "_defs": defs, "_per_sequence": _per_sequence}
     exec(builtins.compile("\n".join(lines), f"<maxdecl plan of {graph.name}>", "exec"), scope)
@@ -339,6 +419,29 @@ def _generate(graph, preloaded, steps, nodes):
     run.steps = line_step
     run.names = [tuple(v(x) for x in step.inputs) for step in steps]
     return run
+
+
+def _fixed_steps(graph, preloaded, steps, fixed) -> list:
+    """Per step: whether it reads only the inputs named in ``fixed``, preloaded values
+    (weights) and other such steps' outputs."""
+    known = {id(x) for x in preloaded} | {id(x) for x in graph.inputs if x.name in fixed}
+    flags = []
+    for step in steps:
+        ok = all(id(x) in known for x in step.inputs)
+        if ok:
+            known.update(id(x) for x in step.outputs)
+        flags.append(ok)
+    return flags
+
+
+def _memo_lines(memo, after_fixed: bool) -> list:
+    """The lines that store (after the fixed steps) or fetch the memoised values."""
+    names = ", ".join(memo) + ("," if len(memo) == 1 else "")
+    if not after_fixed:                    # no fixed step: nothing to remember
+        return []
+    if not memo:
+        return ["        memo.values = ()"]
+    return [f"        memo.values = ({names})", "    else:", f"        {names} = memo.values"]
 
 
 def _run_attrs(node) -> dict:

@@ -7,7 +7,9 @@ source input named ``enc_*`` (``enc_tokens``: token ids; any other, such as Whis
 ``enc_positions`` and ``dec_positions`` are fed when present (0.. along the source's
 first axis; the decoder's absolute positions), and every other input is a state fed
 back by the output of the same name (the decoder's KV caches). The decoder starts from
-the param ``decoder_start`` (T5: the pad id 0; BART: 2).
+the param ``decoder_start`` (T5: the pad id 0; BART: 2). The steps that read only the
+source (the encoder, the cross-attention keys and values) run once per source
+(``CompiledGraph.fixed``), not at every decoder step.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Seq2SeqSession(Session):
     unchanged (its "prompt" is the decoder's start token)."""
 
     def __init__(self, graph, run, source_ids):
-        self.graph, self.run = graph, run
+        self.graph = graph
         names = [v.name for v in graph.inputs]
         out_names = list(graph.output_names)
         if not is_encoder_decoder(names, out_names):
@@ -56,6 +58,8 @@ class Seq2SeqSession(Session):
         self._in_names = names
         self._logits_index = out_names.index("logits")
         self._source_name = source_input(names)
+        fixed = [self._source_name] + [n for n in ("enc_positions",) if n in names]
+        self.run = run.fixed(fixed) if hasattr(run, "fixed") else run
         self._state_names = [n for n in names
                              if n not in STEP_INPUTS and n != self._source_name]
         self._state_out = {n: out_names.index(n) for n in self._state_names}
