@@ -471,3 +471,17 @@ def test_gemv_tiled_equals_whole_rows_bit_for_bit(enc):
     want = np.empty_like(got)
     gemv.GEMV_GROUP[enc](gemv.aligned_rows(x), (w,), gemv.offsets((9,)), want)
     assert calls and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("cpu, locality", [("znver4", 0), ("znver3", 0),
+                                           ("emeraldrapids", 2), ("skylake-avx512", 2),
+                                           ("haswell", 2)])
+def test_gemv_prefetch_locality_follows_the_cpu(monkeypatch, cpu, locality):
+    """Non-temporal prefetch only on AMD Zen (on Intel it halved the GEMV's speed); the
+    CPU numba compiles for decides (NUMBA_CPU_NAME when set)."""
+    from numba.core import config
+
+    from maxdecl.kernels import gemv
+
+    monkeypatch.setattr(config, "CPU_NAME", cpu)
+    assert gemv.prefetch_locality() == locality
