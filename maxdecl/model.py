@@ -170,8 +170,9 @@ class Model:
             requests = [GenerateRequest(p, max_new_tokens, sampling, stop) for p in prompts]
         else:
             prompts, batch = checks.split_batch(prompt)
-            requests = [GenerateRequest(checks.fit_context(self.encode(p), max_new_tokens,
-                                                           self.context, truncate),
+            fit = checks.fit_source if self.encoder_decoder else checks.fit_context
+            requests = [GenerateRequest(fit(self.encode(p), max_new_tokens, self.context,
+                                            truncate),
                                         max_new_tokens, sampling, stop) for p in prompts]
         lookup = checks.check_lookup(lookup)
         if lookup and sampling["temperature"] != 0:

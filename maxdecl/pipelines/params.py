@@ -234,6 +234,24 @@ def fit_context(ids: list, max_new_tokens: int, context: int | None, truncate: b
                      "truncate=True (--truncate) to keep its last tokens")
 
 
+def fit_source(ids: list, max_new_tokens: int, context: int | None, truncate: bool) -> list:
+    """An encoder-decoder's source ``ids`` checked against the context: the encoder's
+    positions and the decoder's are counted apart, so the source fits on its own (with
+    ``truncate``: keeps its last ``context`` tokens) and so do the new tokens."""
+    if context is None:
+        return ids
+    if max_new_tokens > context:
+        raise InputError(f"max_new_tokens {max_new_tokens} exceeds the decoder's context of "
+                         f"{context} tokens")
+    if len(ids) <= context:
+        return ids
+    if truncate:
+        return ids[len(ids) - context:]
+    raise InputError(f"the source ({len(ids)} tokens) exceeds the encoder's context of "
+                     f"{context} tokens; shorten it or pass truncate=True (--truncate) to "
+                     "keep its last tokens")
+
+
 def check_spec_arg(spec):
     """``spec``: a ``Spec`` or the path of an existing file (returned as given)."""
     from ..spec import Spec

@@ -64,7 +64,8 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, looku
                            "--tokenizer PATH (a `maxdecl quantize` checkpoint carries one)")
     _say_what_runs(model)
     full = checks.check_prompt(model.encode(prompt), model.vocab)   # before any output
-    ids = checks.fit_context(full, max_new, model.context, truncate)
+    fit = checks.fit_source if model.encoder_decoder else checks.fit_context
+    ids = fit(full, max_new, model.context, truncate)
     out = sys.stdout
     if len(ids) < len(full):
         print(f"maxdecl: the prompt keeps its last {len(ids)} of {len(full)} tokens "

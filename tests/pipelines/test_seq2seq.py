@@ -56,3 +56,20 @@ def test_run_of_an_array_source_encoder_decoder_takes_inputs_not_text():
     r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "whisper.yaml"),
                         "-p", "hello", "-n", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "missing --input for enc_features" in r.stderr
+
+
+def test_source_and_new_tokens_each_fit_the_context():
+    """The encoder's positions and the decoder's are counted apart: a source as long as
+    the context still decodes; each part past it is refused on its own terms."""
+    model = md.load_model(SPECS / "bart.yaml")
+    ctx = model.context
+    src = [5] * ctx
+    out = model.generate([src], 2, temperature=0)[0]
+    assert out.prompt_tokens == ctx and len(out.ids) == 2
+    with pytest.raises(md.InputError, match=f"source \\({ctx + 1} tokens\\) exceeds the "
+                                            f"encoder's context of {ctx}"):
+        model.generate(src + [5], 2, temperature=0)
+    cut = model.generate(src + [6], 1, temperature=0, truncate=True)
+    assert cut.prompt_tokens == ctx
+    with pytest.raises(md.InputError, match="exceeds the decoder's context"):
+        model.generate([5, 6], ctx + 1, temperature=0)
