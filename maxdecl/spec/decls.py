@@ -63,6 +63,7 @@ class LayerDecl:
     outs: tuple = ()                  # (name, Pos)
     attrs: tuple = ()                 # (key, raw value, Pos of value, Pos of key)
     children: tuple = ()              # LayerDecl
+    layers_given: bool = False        # `layers:` written (maybe empty)
     block: str | None = None
     with_: tuple = ()                 # (key, raw value, Pos)
 

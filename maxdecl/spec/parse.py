@@ -114,6 +114,7 @@ class _Parser:
             outs=self.names(d.get("out"), f"{ptr}/out"),
             attrs=attrs,
             children=self.layers(d.get("layers"), f"{ptr}/layers"),
+            layers_given="layers" in d,
             block=d["block"] if isinstance(d.get("block"), str) else None,
             with_=with_,
         )

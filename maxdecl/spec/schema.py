@@ -78,6 +78,9 @@ def _to_problems(err, marks) -> list[RawProblem]:
         probs = []
         for k in extras:
             hint = _close(k, allowed)
+            if not hint and isinstance(k, str) and " " in k:
+                hint = ("; a ': ' or ', ' inside a flow mapping {...} splits plain text: "
+                        "quote the value")
             where = list(err.absolute_path) + [k]
             probs.append(_at(where, f"unknown key {k!r} (expected one of: "
                                     f"{', '.join(allowed)}){hint}", marks, key=True))

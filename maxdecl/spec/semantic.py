@@ -356,7 +356,8 @@ class Expander:
                                 ("block", decl.block)) if v is not None]
         weights_only = not kinds and decl.weights and not (decl.ins or decl.outs or decl.attrs)
         if len(kinds) != 1 and not weights_only:
-            found = " and ".join(f"`{k}`" for k in kinds) or "none"
+            found = " and ".join(f"`{k}`" for k in kinds) or (
+                "an empty `layers:` list" if decl.layers_given else "none")
             self.problem(decl.pos, f"a layer needs exactly one of `op`, `layers` or `block` "
                                    f"(found {found}; a layer with only `weights:` declares "
                                    "weights that later ops use by full name)")
