@@ -112,6 +112,15 @@ def _pad_run(args, attrs):
     return [np.pad(x, width, mode)]
 
 
+def _squeeze_run(args, attrs):
+    x = args[0]
+    for a in attrs["axis"]:
+        if x.shape[a] != 1:
+            raise ValueError(f"squeeze axis {a % x.ndim} of x{list(x.shape)} has size "
+                             f"{x.shape[a]}, not 1")
+    return [np.squeeze(x, axis=tuple(attrs["axis"]))]
+
+
 RUN = {
     "pad": _pad_run,
     "take_along_axis": _take_along_run,
@@ -130,4 +139,6 @@ RUN = {
                                                  attrs)],
     "roll": lambda args, attrs: [np.roll(args[0], attrs["shifts"], attrs["axes"])],
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
+    "squeeze": _squeeze_run,
+    "unsqueeze": lambda args, attrs: [np.expand_dims(args[0], tuple(attrs["axis"]))],
 }

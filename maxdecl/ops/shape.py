@@ -16,7 +16,8 @@ from . import _checks
 from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
-           "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad"]
+           "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
+           "squeeze", "unsqueeze"]
 
 
 def _reshape_rule(types, attrs):
@@ -455,6 +456,51 @@ define("roll", rule=_roll_rule, run="shape", attrs={"shifts": REQUIRED, "axes": 
        normalize=_normalize_roll, kind="shape",
        doc="elements shifted along axes, wrapping around (torch.roll, np.roll)",
        rule_doc="one int shift per axis; out: the type of x")
+def _axes_attr(op):
+    def normalize(a):
+        v = a["axis"]
+        v = (v,) if isinstance(v, int) and not isinstance(v, bool) else tuple(v)
+        if not v or any(isinstance(e, bool) or not isinstance(e, int) for e in v):
+            raise ValueError(f"{op} axis must be an int or a non-empty list of ints, got "
+                             f"{a['axis']!r}")
+        return {**a, "axis": v}
+    return normalize
+
+
+def _squeeze_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    axes = {_checks.valid_axis(a, x.rank) for a in attrs["axis"]}
+    if len(axes) != len(attrs["axis"]):
+        raise ValueError(f"squeeze axis {list(attrs['axis'])} names an axis twice")
+    for a in sorted(axes):
+        if isinstance(x.shape[a], int) and x.shape[a] != 1:
+            raise ValueError(f"squeeze axis {a} of x{format_shape(x.shape)} has size "
+                             f"{x.shape[a]}, not 1")
+    return [TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
+
+
+def _unsqueeze_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    rank = x.rank + len(attrs["axis"])
+    axes = {_checks.valid_axis(a, rank) for a in attrs["axis"]}
+    if len(axes) != len(attrs["axis"]):
+        raise ValueError(f"unsqueeze axis {list(attrs['axis'])} names an axis twice")
+    rest = iter(x.shape)
+    return [TensorType(x.dtype, tuple(1 if i in axes else next(rest) for i in range(rank)))]
+
+
+define("squeeze", rule=_squeeze_rule, run="shape", attrs={"axis": REQUIRED},
+       normalize=_axes_attr("squeeze"), kind="shape",
+       doc="axes of size 1 removed (np.squeeze, torch's x.squeeze(dim)); one axis or a list",
+       rule_doc="each axis has size 1 (a symbolic or opaque dim: checked when it runs); "
+                "out: x's dims without them")
+define("unsqueeze", rule=_unsqueeze_rule, run="shape", attrs={"axis": REQUIRED},
+       normalize=_axes_attr("unsqueeze"), kind="shape",
+       doc="axes of size 1 inserted (np.expand_dims, torch's x.unsqueeze(dim)): each axis "
+           "is a position in the output; one axis or a list",
+       rule_doc="axes within the output's rank, each once; out: x's dims with 1s there")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -557,3 +603,14 @@ def roll():  # noqa: A001 - the signature comes from the definition
 @public
 def select():  # noqa: A001 - the signature comes from the definition
     """``np.where(cond, x, y)``: ``cond`` bool, ``x``/``y`` one dtype, all three broadcast."""
+
+
+@public
+def squeeze():  # noqa: A001 - the signature comes from the definition
+    """``x`` without its size-1 axes ``axis`` (``np.squeeze(x, axis)``)."""
+
+
+@public
+def unsqueeze():  # noqa: A001 - the signature comes from the definition
+    """``x`` with size-1 axes inserted at the output positions ``axis``
+    (``np.expand_dims(x, axis)``)."""

@@ -996,6 +996,8 @@ def _map_targets(target) -> list:
         return [target] if target else []
     if isinstance(target, dict) and isinstance(target.get("split"), list):
         return [t for t in target["split"] if isinstance(t, str) and t]
+    if isinstance(target, dict) and isinstance(target.get("fallback"), str):
+        return [target["fallback"]] if target["fallback"] else []
     return []
 
 

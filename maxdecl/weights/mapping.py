@@ -406,9 +406,15 @@ def _without_prefix(name: str, prefixes, exact: dict, patterns: list) -> str:
 
 
 def _split_targets(source: str, target) -> list[str]:
-    """The target names of one mapping entry: a string, or a split's list (checked)."""
+    """The target names of one mapping entry: a string, a fallback's name, or a split's
+    list (checked)."""
     if isinstance(target, str):
         return [target]
+    if isinstance(target, dict) and set(target) == {"fallback"}:
+        if not isinstance(target["fallback"], str) or not target["fallback"]:
+            raise WeightsError(f"mapping {source!r}: a fallback target is one spec name, got "
+                               f"{target['fallback']!r}")
+        return [target["fallback"]]
     if not isinstance(target, dict) or set(target) - {"split", "axis", "sizes", "interleaved"} \
             or not isinstance(target.get("split"), list) or len(target["split"]) < 2 \
             or not all(isinstance(t, str) and t for t in target["split"]):
@@ -550,6 +556,7 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
     unexpected: list[str] = []
     split_of: dict[str, tuple] = {}   # target -> (part index, split rule)
     matched: dict[str, str] = {}      # source name -> the mapping key it matched
+    fallback: dict[str, str] = {}     # target -> source, taken when nothing else maps there
     for name in td.keys():
         stack_at, m = None, None
         bare = _without_prefix(name, prefixes, exact, patterns) if prefixes else name
@@ -574,6 +581,12 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                 continue
         if target is None:
             continue
+        if isinstance(target, dict) and "fallback" in target:   # only if nothing else maps
+            one = target["fallback"]
+            if m is not None:
+                one = _PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), one)
+            fallback.setdefault(one, name)
+            continue
         if not isinstance(target, str):        # a split: one target per part
             rule = tensors[matched[name]]
             names = [_PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), t)
@@ -596,6 +609,8 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
             raise WeightsError(f"mapping: {renamed[target]!r} and {name!r} both map to "
                                f"{target!r} and differ")
         renamed[target] = name
+    for target, name in fallback.items():
+        renamed.setdefault(target, name)
 
     missing = [t for t in (expected or ()) if t not in renamed]
     if missing or unexpected:

@@ -278,3 +278,39 @@ def test_unflatten_by_fixed_sizes_over_static_and_symbolic_axes():
                       (dict(), "either the input like with like_axes, or sizes")):
         with pytest.raises(md.GraphError, match=match):
             md.ops.unflatten(g.inputs[0], axis=2, **kw)
+
+
+@pytest.mark.parametrize("shape,axis", [((1, 3, 1), 0), ((1, 3, 1), [0, -1]), ((4, 1), -1),
+                                        ((2, 1, 1, 5), [2, 1])])
+def test_squeeze_matches_torch(rng, shape, axis):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = run_op(lambda v: md.ops.squeeze(v, axis=axis), x)
+    want = torch.from_numpy(x).squeeze(axis if isinstance(axis, int) else tuple(axis))
+    assert out.shape == tuple(want.shape)
+    np.testing.assert_array_equal(out, want.numpy())
+
+
+@pytest.mark.parametrize("shape,axis", [((3,), 0), ((3,), -1), ((2, 3), [0, 3]),
+                                        ((2, 3), [-1, 1])])
+def test_unsqueeze_matches_numpy_and_torch(rng, shape, axis):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = run_op(lambda v: md.ops.unsqueeze(v, axis=axis), x)
+    want = np.expand_dims(x, axis if isinstance(axis, int) else tuple(axis))
+    assert out.shape == want.shape
+    np.testing.assert_array_equal(out, want)
+    if isinstance(axis, int):
+        np.testing.assert_array_equal(out, torch.from_numpy(x).unsqueeze(axis).numpy())
+
+
+def test_squeeze_checks_sizes_when_known_and_when_run():
+    g = md.Graph("t", [md.TensorType("float32", (2, "n"))])
+    with pytest.raises(md.GraphError, match="squeeze axis 0 of x\\[2, n\\] has size 2"):
+        md.ops.squeeze(g.inputs[0], axis=0)
+    assert md.ops.squeeze(g.inputs[0], axis=1).shape == (2,)    # n: checked when it runs
+    with pytest.raises(md.GraphError, match="names an axis twice"):
+        md.ops.unsqueeze(g.inputs[0], axis=[1, -3])
+    g.output(md.ops.squeeze(g.inputs[0], axis=-1))
+    with pytest.raises(md.GraphError, match="has size 3, not 1"):
+        md.compile(g)(np.zeros((2, 3), np.float32))
+    (y,) = md.compile(g)(np.zeros((2, 1), np.float32))
+    assert y.shape == (2,)

@@ -266,3 +266,22 @@ def test_compute_tensors():
         compute_tensors({"f.weight": "{k}"}, {"n": 4}, shapes)
     # a weight this configuration does not declare (only others have it) is skipped
     assert compute_tensors({"x.weight": 1.0}, {}, shapes) == {}
+
+
+def test_remap_fallback_is_taken_only_when_nothing_else_maps():
+    """ALBERT: ``predictions.decoder.bias`` is the head's bias; ``predictions.bias`` (a
+    different tensor when the decoder is untied, the only one when tied) stands in."""
+    untied = md.TensorDict({"predictions.bias": np.zeros(3), "predictions.decoder.bias": np.ones(3),
+                            "blk.0.b": np.full(2, 5.0), "blk.1.b": np.full(2, 6.0)})
+    rules = {"predictions.decoder.bias": "output.bias",
+             "predictions.bias": {"fallback": "output.bias"},
+             "blk.{i}.b": {"fallback": "layer.{i}.b"}}
+    out = remap(untied, rules, expected=["output.bias", "layer.0.b", "layer.1.b"])
+    assert out["output.bias"] is untied["predictions.decoder.bias"]
+    assert out["layer.1.b"] is untied["blk.1.b"]             # placeholders carry over
+    tied = md.TensorDict({"predictions.bias": np.zeros(3)})
+    out = remap(tied, {"predictions.decoder.bias": "output.bias",
+                       "predictions.bias": {"fallback": "output.bias"}}, expected=["output.bias"])
+    assert out["output.bias"] is tied["predictions.bias"]
+    with pytest.raises(WeightsError, match="a fallback target is one spec name"):
+        remap(tied, {"predictions.bias": {"fallback": ""}})
