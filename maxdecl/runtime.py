@@ -92,7 +92,8 @@ class CompiledGraph:
         self._pages = compiler_pages
 
     def __call__(self, *inputs, rows=None) -> list:
-        return self._execute(self._run, self._arrays(inputs, rows), rows)
+        arrays, rows = self._arrays(inputs, rows)
+        return self._execute(self._run, arrays, rows)
 
     def fixed(self, names) -> "FixedInputsRun":
         """This graph as a callable of the same inputs that runs the steps reading only
@@ -101,13 +102,14 @@ class CompiledGraph:
         encoder and cross-attention keys and values, computed once per source."""
         return FixedInputsRun(self, names)
 
-    def _arrays(self, inputs, rows) -> list:
+    def _arrays(self, inputs, rows) -> tuple:
+        """(the inputs as arrays, checked; the batch's rows, checked, or None)."""
         arrays = [a if isinstance(a, (QuantizedTensor, PerSequence)) else np.asanyarray(a)
                   for a in inputs]
         if rows is None:
             bind_inputs(self, arrays)
-            return arrays
-        return _check_batch(self, arrays, rows)
+            return arrays, None
+        return arrays, _check_batch(self, arrays, rows)
 
     def _execute(self, run, arrays, rows, *extra) -> list:
         env = arrays + self._bound
@@ -161,7 +163,7 @@ class FixedInputsRun:
     def __call__(self, *inputs, rows=None) -> list:
         if rows is not None:
             return self.compiled(*inputs, rows=rows)
-        arrays = self.compiled._arrays(inputs, None)
+        arrays, _ = self.compiled._arrays(inputs, None)
         key = [arrays[i] for i in self._at]
         if self._key is None or not all(_same(a, b) for a, b in zip(key, self._key)):
             self.values = None
