@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..ops.conv_transpose import out_size, window
+from ..ops.conv_transpose import filter_first, out_size, window
 from .config import CACHE, FASTMATH
 
 _COLS_LIMIT = 1 << 25  # GEMM result floats per chunk (128 MiB); larger batches go in chunks
@@ -135,8 +135,9 @@ def _run(args, attrs):
     x, w, *rest = args
     nd = x.ndim - 2
     first = attrs["input_layout"][1] == "C"
-    if first:   # NC... -> N...C; torch filter [C, Fg, k...] -> [k..., Fg, C]
+    if first:   # NC... -> N...C
         x = np.moveaxis(x, 1, -1)
+    if filter_first(attrs):   # torch filter [C, Fg, k...] -> [k..., Fg, C]
         w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)
     if nd == 2:
         x, w = x[:, None], w[None]

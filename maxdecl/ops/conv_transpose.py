@@ -7,7 +7,9 @@ pixel scatters ``x[n, i, c] * filter[k, f, c]`` to output position
 Layouts: input ``NHWC`` (default; rank 5 reads it as ``NDHWC``) with filter
 ``[kH, kW, C_out/groups, C_in]`` (3-D ``[kD, kH, kW, C_out/groups, C_in]``), or
 ``NCHW`` / ``NCDHW`` with torch's filter ``[C_in, C_out/groups, kH, kW]``. The output
-uses the input's layout. Groups split C_in and C_out alike: output channel
+uses the input's layout. ``filter_layout`` picks the filter's layout apart from the
+input's: ``RSFC`` / ``QRSFC`` (``[k..., C_out/groups, C_in]``) or ``CFRS`` / ``CFQRS``
+(torch's ``[C_in, C_out/groups, k...]``); by default it follows the input. Groups split C_in and C_out alike: output channel
 ``g * C_out/groups + j`` sums input channels ``g * C_in/groups ...``.
 
 Attributes (canonical forms as for pools, see ``_window``): ``stride``, ``dilation``
@@ -30,6 +32,13 @@ from ._window import canon, canon_padding, per_dim, per_side
 __all__ = ["conv_transpose"]
 
 _LAYOUTS = {"NHWC": (4, 5), "NCHW": (4, 5), "NDHWC": (5,), "NCDHW": (5,)}
+_FILTERS = {"RSFC": 4, "CFRS": 4, "QRSFC": 5, "CFQRS": 5}     # name -> rank
+
+
+def filter_first(attrs) -> bool:
+    """Whether the filter is channels first (torch's ``[C_in, C_out/groups, k...]``)."""
+    fl = attrs.get("filter_layout")
+    return (fl or attrs["input_layout"])[1 if fl is None else 0] == "C"
 
 
 def _normalize(attrs):
@@ -39,7 +48,12 @@ def _normalize(attrs):
     groups = attrs["groups"]
     if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
         raise ValueError(f"groups must be a positive int, got {groups!r}")
-    return {**attrs, "stride": canon(attrs["stride"], "stride"),
+    fl = attrs.get("filter_layout")
+    if fl is not None:
+        fl = str(fl).upper()
+        if fl not in _FILTERS:
+            raise ValueError(f"filter_layout must be one of {', '.join(_FILTERS)}, got {fl!r}")
+    return {**attrs, "filter_layout": fl, "stride": canon(attrs["stride"], "stride"),
             "dilation": canon(attrs["dilation"], "dilation"),
             "padding": canon_padding(attrs["padding"]),
             "output_padding": canon(attrs["output_padding"], "output_padding", least=0),
@@ -80,11 +94,14 @@ def _rule(inputs, attrs):
         raise ValueError(f"x {layout}{format_shape(x.shape)} must be {want}")
     if w.rank != x.rank:
         raise ValueError(f"filter{format_shape(w.shape)} must be rank {x.rank} like x")
+    fl = attrs.get("filter_layout")
+    if fl is not None and _FILTERS[fl] != x.rank:
+        raise ValueError(f"filter_layout {fl} is for rank {_FILTERS[fl]}, x is rank {x.rank}")
     nd = x.rank - 2
     first = layout[1] == "C"
     n, spatial, c = ((x.shape[0], tuple(x.shape[2:]), x.shape[1]) if first
                      else (x.shape[0], tuple(x.shape[1:-1]), x.shape[-1]))
-    ks, fg, c_in = split_filter(w.shape, first)
+    ks, fg, c_in = split_filter(w.shape, filter_first(attrs))
     if any(not isinstance(d, int) for d in (*ks, fg, c_in)):
         raise ValueError(f"filter {format_shape(w.shape)} needs static dims")
     groups = attrs["groups"]
@@ -118,13 +135,14 @@ def _rule(inputs, attrs):
 define("conv_transpose", rule=_rule, run="conv_transpose", inputs=("x", "filter"),
        optional=("bias",),
        call_order=("stride", "dilation", "padding", "output_padding", "groups", "bias",
-                   "input_layout"),
+                   "input_layout", "filter_layout"),
        attrs={"stride": 1, "dilation": 1, "padding": 0, "output_padding": 0, "groups": 1,
-              "input_layout": "NHWC"},
+              "input_layout": "NHWC", "filter_layout": None},
        normalize=_normalize, kind="conv",
        doc="transposed convolution, 2-D or 3-D by rank (torch conv_transpose2d/3d, ONNX "
            "ConvTranspose): NHWC / NDHWC with filter [k..., C_out/groups, C_in], or NCHW / "
-           "NCDHW with torch's [C_in, C_out/groups, k...]",
+           "NCDHW with torch's [C_in, C_out/groups, k...]; filter_layout RSFC / QRSFC or "
+           "CFRS / CFQRS sets the filter's apart from the input's",
        rule_doc="x rank 4 or 5 as its layout says, filter the same rank with static dims; "
                 "C = C_in, divisible by groups; bias [C_out]; output_padding smaller than "
                 "stride or dilation; output size (in - 1) x stride - padding + dilation x "

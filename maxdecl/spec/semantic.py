@@ -1023,11 +1023,15 @@ def format_map_problems(spec: Spec, map_hits: set) -> list[RawProblem]:
                 tensors = spec.formats[fmt]["tensors"]
                 source = next(s for s, t in tensors.items() if key in _map_targets(t))
                 ptr = f"/formats/{pointer_escape(fmt)}/tensors/{pointer_escape(str(source))}"
-                msg = f"tensors: target {key!r} names no weight of the spec in any variant"
+                msg = (f"tensors: target {key!r} names no weight of the spec in any variant "
+                       "(a weight that only some configurations declare needs a variant "
+                       "that declares it)")
                 pos = nearest_mark(spec.marks, ptr)
             else:
                 ptr = f"/formats/{pointer_escape(fmt)}/transforms/{pointer_escape(str(key))}"
-                msg = f"transforms: {key!r} matches no weight of the spec in any variant"
+                msg = (f"transforms: {key!r} matches no weight of the spec in any variant "
+                       "(a weight that only some configurations declare needs a variant "
+                       "that declares it)")
                 pos = nearest_mark(spec.marks, ptr, key=True)
             problems.append(RawProblem(*pos, ptr, msg))
     params = set(spec.params) | {d[0] for d in spec.derived}

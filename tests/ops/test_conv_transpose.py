@@ -75,6 +75,16 @@ def test_conv_transpose_random_matches_torch(seed, nd):
     out = run_op(lambda a, f, b: md.ops.conv_transpose(a, f, bias=b, **kw),
                  channels_last(x), filter_channels_last(w), bias)
     close(np.moveaxis(out, -1, 1), ref, atol=1e-4, label=f"channels-last seed {seed}")
+    # layouts mixed: channels-last values with torch's filter, and the other way round
+    torch_filter = "CFRS" if nd == 2 else "CFQRS"
+    out = run_op(lambda a, f, b: md.ops.conv_transpose(a, f, bias=b, filter_layout=torch_filter,
+                                                       **kw), channels_last(x), w, bias)
+    close(np.moveaxis(out, -1, 1), ref, atol=1e-4, label=f"NHWC + torch filter seed {seed}")
+    last_filter = "RSFC" if nd == 2 else "QRSFC"
+    out = run_op(lambda a, f, b: md.ops.conv_transpose(a, f, bias=b, input_layout=first,
+                                                       filter_layout=last_filter, **kw),
+                 x, filter_channels_last(w), bias)
+    close(out, ref, atol=1e-4, label=f"{first} + channels-last filter seed {seed}")
 
 
 @pytest.mark.parametrize("nd", [2, 3])
@@ -179,3 +189,13 @@ def test_spec_with_conv_transpose_and_pools_runs(rng):
     close(np.moveaxis(pooled, -1, 1), ref.numpy(), atol=1e-4)
     assert where.dtype == np.int64 and np.array_equal(np.moveaxis(where, -1, 1), ref_idx.numpy())
     assert v.shape == (1, 3, 6, 6, 2)
+
+
+def test_filter_layout_must_fit_the_rank():
+    g = md.Graph("t", [md.TensorType("float32", (1, 4, 4, 2)),
+                       md.TensorType("float32", (2, 3, 3, 3))])
+    with pytest.raises(md.GraphError, match="filter_layout CFQRS is for rank 5"):
+        md.ops.conv_transpose(*g.inputs, filter_layout="CFQRS")
+    with pytest.raises(md.GraphError, match="filter_layout must be one of"):
+        md.ops.conv_transpose(*g.inputs, filter_layout="FCRS")
+    assert md.ops.conv_transpose(*g.inputs, filter_layout="cfrs").shape == (1, 6, 6, 3)
