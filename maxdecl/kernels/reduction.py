@@ -36,6 +36,12 @@ def _argmax_run(args, attrs):
     return [np.asarray(out, dtype=np.int64)]
 
 
+def _cumsum_run(args, attrs):
+    x = args[0]
+    acc = np.float32 if x.dtype.kind == "f" else x.dtype
+    return [np.cumsum(x, axis=attrs["axis"], dtype=acc).astype(x.dtype, copy=False)]
+
+
 def _softmax_run(args, attrs):
     x = args[0]
     axis = attrs["axis"] % x.ndim
@@ -45,4 +51,4 @@ def _softmax_run(args, attrs):
 
 
 RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "argmax": _argmax_run,
-       "softmax": _softmax_run}
+       "cumsum": _cumsum_run, "softmax": _softmax_run}

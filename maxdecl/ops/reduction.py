@@ -1,4 +1,5 @@
-"""Reductions: ``sum mean max argmax`` over axes, and ``softmax`` (numba kernel).
+"""Reductions: ``sum mean max argmax`` over axes, ``cumsum`` along one, and ``softmax``
+(numba kernel).
 
 ``axis`` is an int, a tuple of ints, or None (every axis); ``argmax`` takes one int
 axis or None (index into the flattened tensor, as ``np.argmax``). ``keepdims`` keeps
@@ -12,7 +13,7 @@ from ..dtypes import DType, TensorType
 from . import _checks
 from ._registry import define, public
 
-__all__ = ["sum", "mean", "max", "argmax", "softmax"]
+__all__ = ["sum", "mean", "max", "argmax", "cumsum", "softmax"]
 
 
 def _normalize_axis(attrs):
@@ -105,6 +106,30 @@ def max():  # noqa: A001 - the signature comes from the definition
 @public
 def argmax():  # noqa: A001 - the signature comes from the definition
     """int64 index of the first maximum along ``axis`` (None: of the flattened tensor)."""
+
+
+# -- cumsum -----------------------------------------------------------------------------
+def _cumsum_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    _checks.no_bfloat16(x)
+    if x.dtype == DType.bool:
+        raise TypeError(f"cumsum of a bool tensor: cast it first (got {x.type})")
+    _checks.valid_axis(attrs["axis"], x.rank)
+    return [x.type]
+
+
+define("cumsum", rule=_cumsum_rule, run="reduction", attrs={"axis": -1}, kind="reduction",
+       normalize=lambda a: {**a, "axis": int(a["axis"])},
+       doc="running sum along axis, first element first (torch.cumsum, np.cumsum); float "
+           "sums accumulate in float32, integer sums keep the dtype",
+       rule_doc="x not bool; out: the type of x")
+
+
+@public
+def cumsum():  # noqa: A001 - the signature comes from the definition
+    """Running sum of ``x`` along ``axis`` (``np.cumsum(x, axis)``): RoBERTa's and
+    MPNet's positions from a padding mask, ``cumsum(mask) * mask + pad``."""
 
 
 # -- softmax ----------------------------------------------------------------------------

@@ -45,3 +45,28 @@ def test_reduction_bad_axis_names_it():
     g = md.Graph("t", [md.TensorType("float32", (2, 3))])
     with pytest.raises(md.GraphError, match="axis 2 is out of range for rank 2"):
         md.ops.sum(g.inputs[0], axis=2)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cumsum_matches_torch(rng, axis):
+    import torch
+
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    got = run_op(lambda v: md.ops.cumsum(v, axis=axis), x)
+    want = torch.cumsum(torch.from_numpy(x), dim=axis).numpy()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    ids = rng.integers(0, 3, (3, 7))
+    mask = (ids != 1).astype(np.int64)                # RoBERTa's positions from a pad mask
+    pos = run_op(lambda m: md.ops.add(md.ops.mul(md.ops.cumsum(m, axis=1), m), 1), mask)
+    want = (torch.cumsum(torch.from_numpy(mask), dim=1) * torch.from_numpy(mask) + 1).numpy()
+    assert pos.dtype == np.int64
+    np.testing.assert_array_equal(pos, want)
+
+
+def test_cumsum_refuses_bool_and_bad_axes():
+    g = md.Graph("t", [md.TensorType("bool", (2, 3)), md.TensorType("float32", (2, 3))])
+    with pytest.raises(md.GraphError, match="cumsum of a bool tensor"):
+        md.ops.cumsum(g.inputs[0])
+    with pytest.raises(md.GraphError, match="axis 2 is out of range"):
+        md.ops.cumsum(g.inputs[1], axis=2)
