@@ -84,7 +84,8 @@ define("rope", rule=_rope_rule, run="transformer", inputs=("x", "positions"),
        attrs={"theta": 10000.0, "style": "normal", "scale": 1.0, "dim": None},
        normalize=_normalize_rope, kind="transformer",
        doc="rotary position embedding on x[..., seq, heads, head_dim]; freq_factors[dim // 2] "
-           "divide the rotation frequencies",
+           "divide the rotation frequencies; the angles and their cos and sin are computed "
+           "in float64, then rounded to float32",
        rule_doc="x float [..., seq, heads, head_dim] (head_dim static), positions integer [seq], "
                 "freq_factors [dim // 2]; out: the type of x")
 
