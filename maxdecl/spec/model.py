@@ -52,6 +52,9 @@ class Spec:
     formats: MappingProxyType        # format -> plain dict (hf, gguf, llama2c, ...)
     marks: MappingProxyType = field(default_factory=lambda: EMPTY, repr=False)
     chat_template: str = ""          # Jinja chat template used when the weights carry none
+    # programs already unrolled, by (variant, params, check_encodings): a load unrolls
+    # the same one to map the weights and to build (Programs are frozen records)
+    _programs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
     def program(self, variant: str | None = None, params: dict | None = None,
@@ -59,7 +62,18 @@ class Spec:
         """Unroll the spec for ``variant`` (default: the selected one); ``params``
         override hyperparameters (e.g. from weights metadata); ``check_encodings=False``
         when the weights bring their own encodings. Raises SpecError."""
-        return expand_or_raise(self, variant or self.variant, params, check_encodings)
+        variant = variant or self.variant
+        try:
+            key = (variant, repr(sorted(params.items())) if params else "", check_encodings)
+        except TypeError:                  # keys that do not sort: no cache
+            return expand_or_raise(self, variant, params, check_encodings)
+        prog = self._programs.get(key)
+        if prog is None:
+            if len(self._programs) >= 16:
+                self._programs.clear()
+            prog = self._programs[key] = expand_or_raise(self, variant, params,
+                                                         check_encodings)
+        return prog
 
     def with_variant(self, variant: str) -> "Spec":
         """The same spec with another variant selected (SpecError if unknown)."""
