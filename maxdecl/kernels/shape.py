@@ -140,5 +140,6 @@ RUN = {
     "roll": lambda args, attrs: [np.roll(args[0], attrs["shifts"], attrs["axes"])],
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
     "squeeze": _squeeze_run,
+    "identity": lambda args, attrs: [args[0]],
     "unsqueeze": lambda args, attrs: [np.expand_dims(args[0], tuple(attrs["axis"]))],
 }

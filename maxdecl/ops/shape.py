@@ -17,7 +17,7 @@ from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
-           "squeeze", "unsqueeze"]
+           "squeeze", "unsqueeze", "identity"]
 
 
 def _reshape_rule(types, attrs):
@@ -501,6 +501,16 @@ define("unsqueeze", rule=_unsqueeze_rule, run="shape", attrs={"axis": REQUIRED},
        doc="axes of size 1 inserted (np.expand_dims, torch's x.unsqueeze(dim)): each axis "
            "is a position in the output; one axis or a list",
        rule_doc="axes within the output's rank, each once; out: x's dims with 1s there")
+def _identity_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    return [x.type]
+
+
+define("identity", rule=_identity_rule, run="shape", kind="shape",
+       doc="x itself under another name (a value that one branch of a 0/1 group computes "
+           "and the other passes through)",
+       rule_doc="x not quantized; out: the type of x")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -614,3 +624,8 @@ def squeeze():  # noqa: A001 - the signature comes from the definition
 def unsqueeze():  # noqa: A001 - the signature comes from the definition
     """``x`` with size-1 axes inserted at the output positions ``axis``
     (``np.expand_dims(x, axis)``)."""
+
+
+@public
+def identity():  # noqa: A001 - the signature comes from the definition
+    """``x`` unchanged: a second name for a value."""

@@ -314,3 +314,11 @@ def test_squeeze_checks_sizes_when_known_and_when_run():
         md.compile(g)(np.zeros((2, 3), np.float32))
     (y,) = md.compile(g)(np.zeros((2, 1), np.float32))
     assert y.shape == (2,)
+
+
+def test_identity_is_its_input(rng):
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    out = run_op(md.ops.identity, x)
+    np.testing.assert_array_equal(out, x)
+    g = md.Graph("t", [md.TensorType("int64", ("n",))])
+    assert md.ops.identity(g.inputs[0]).type == g.inputs[0].type
