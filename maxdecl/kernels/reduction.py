@@ -29,6 +29,11 @@ def _max_run(args, attrs):
     return [np.asarray(np.max(x, axis=_np_axis(attrs["axis"]), keepdims=attrs["keepdims"]))]
 
 
+def _min_run(args, attrs):
+    x = args[0]
+    return [np.asarray(np.min(x, axis=_np_axis(attrs["axis"]), keepdims=attrs["keepdims"]))]
+
+
 def _argmax_run(args, attrs):
     x = args[0]
     # first index of the maximum, as torch and NumPy (a NaN counts as the maximum)
@@ -50,5 +55,6 @@ def _softmax_run(args, attrs):
     return [np.moveaxis(out, -1, axis)]
 
 
-RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "argmax": _argmax_run,
+RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "min": _min_run,
+       "argmax": _argmax_run,
        "cumsum": _cumsum_run, "softmax": _softmax_run}

@@ -65,7 +65,7 @@ def _conv_run(args, attrs):
 
 @njit_twins()
 def _scan_rows(x, dt, a, bm, cm, dv, h, y, softplus):
-    # x, dt: (B, L, D); a: (1 or B, D, N); bm, cm: (B, L, N); dv: (D,); h: (B, D, N) in/out
+    # x, dt: (B, L, D); a: (1 or B, D, N); bm, cm: (B, L, N); dv: (1 or B, D); h: (B, D, N) in/out
     # -> y: (B, L, D). One (batch, channel) pair per iteration; h[b, d] stays in a row.
     nb, seq, ch = x.shape
     n = a.shape[2]
@@ -83,7 +83,7 @@ def _scan_rows(x, dt, a, bm, cm, dv, h, y, softplus):
             for i in range(n):
                 hs[i] = np.exp(delta * ad[i]) * hs[i] + (delta * bm[b, t, i]) * xv
                 acc += hs[i] * cm[b, t, i]
-            y[b, t, d] = acc + dv[d] * xv
+            y[b, t, d] = acc + dv[b % dv.shape[0], d] * xv
 
 
 def _scan_run(args, attrs):
@@ -93,19 +93,21 @@ def _scan_run(args, attrs):
     want_bc, want_h = (*lead, seq, n), (*lead, ch, n)
     if (x.shape[-1] != ch or dt.shape != x.shape or bm.shape != want_bc
             or a.shape not in ((ch, n), want_h)
-            or cm.shape != want_bc or (dv.ndim and dv.shape != (ch,))
+            or cm.shape != want_bc or (dv.ndim and dv.shape not in ((ch,), (*lead, ch)))
             or (rest and rest[0].shape != want_h)):
         shapes = ", ".join(format_shape(v.shape) for v in args)
         raise ValueError(f"selective_scan: inputs {shapes}: expected x, dt [..., seq, {ch}], "
                          f"A [{ch}, {n}] or {format_shape(want_h)}, B, C "
-                         f"{format_shape(want_bc)}, D [{ch}], "
+                         f"{format_shape(want_bc)}, D [{ch}] or {format_shape((*lead, ch))}, "
                          f"state {format_shape(want_h)}")
     h = (rest[0].copy() if rest else np.zeros(want_h, np.float32)).reshape(-1, ch, n)
     x3 = x.reshape(-1, seq, ch)
     y = np.empty_like(x3)
     pick(_scan_rows, x3.size * n)(x3, dt.reshape(x3.shape), a.reshape(-1, ch, n),
                                   bm.reshape(-1, seq, n),
-                                  cm.reshape(-1, seq, n), np.broadcast_to(dv, (ch,)).copy(),
+                                  cm.reshape(-1, seq, n),
+                                  (dv.reshape(-1, ch) if dv.ndim > 1 else
+                                   np.broadcast_to(dv, (1, ch)).copy()),
                                   h, y, bool(attrs["dt_softplus"]))
     y = y.reshape(x.shape)
     return [y, h.reshape(want_h)] if rest else [y]

@@ -1,4 +1,4 @@
-"""Reductions: ``sum mean max argmax`` over axes, ``cumsum`` along one, and ``softmax``
+"""Reductions: ``sum mean max min argmax`` over axes, ``cumsum`` along one, and ``softmax``
 (numba kernel).
 
 ``axis`` is an int, a tuple of ints, or None (every axis); ``argmax`` takes one int
@@ -13,7 +13,7 @@ from ..dtypes import DType, TensorType
 from . import _checks
 from ._registry import define, public
 
-__all__ = ["sum", "mean", "max", "argmax", "cumsum", "softmax"]
+__all__ = ["sum", "mean", "max", "min", "argmax", "cumsum", "softmax"]
 
 
 def _normalize_axis(attrs):
@@ -51,10 +51,10 @@ def _reduce_rule(name):
             raise TypeError(f"{name} of a bool tensor: cast it first (got {x.type})")
         if name == "mean" and not x.dtype.is_float:
             raise TypeError(f"mean needs a float tensor, got {x.type}")
-        if name == "max" and attrs["axis"] is not None and any(
+        if name in ("max", "min") and attrs["axis"] is not None and any(
                 isinstance(x.shape[a], int) and x.shape[a] == 0
                 for a in _axes(attrs["axis"], x.rank)):
-            raise ValueError(f"max over an empty axis of {x.type}")
+            raise ValueError(f"{name} over an empty axis of {x.type}")
         return [TensorType(x.dtype, _reduced_shape(x, attrs))]
     return infer
 
@@ -73,7 +73,7 @@ def _argmax_rule(inputs, attrs):
 
 
 _AXIS = {"axis": -1, "keepdims": False}
-for _name in ("sum", "mean", "max"):
+for _name in ("sum", "mean", "max", "min"):
     define(_name, rule=_reduce_rule(_name), run="reduction", attrs=_AXIS,
            normalize=_normalize_axis, kind="reduction",
            doc=f"{_name} over axis (an int, a list, or null for every axis)",
@@ -101,6 +101,11 @@ def mean():  # noqa: A001 - the signature comes from the definition
 @public
 def max():  # noqa: A001 - the signature comes from the definition
     """Maximum over ``axis`` (int, tuple, or None for all); NaN propagates."""
+
+
+@public
+def min():  # noqa: A001 - the signature comes from the definition
+    """Minimum over ``axis`` (int, tuple, or None for all); NaN propagates."""
 
 
 @public

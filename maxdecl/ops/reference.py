@@ -56,5 +56,11 @@ def reference_markdown() -> str:
             lines += _details(name)
             attrs = ", ".join(_attr(k, v) for k, v in d.attrs.items()) or "none"
             lines += [f"- attributes: {attrs}", f"- outputs: {_outputs(d)}",
-                      f"- type rule: {d.rule_doc}", ""]
+                      f"- type rule: {d.rule_doc}"]
+            if d.sequence_axis is not None:
+                state = ", ".join(f"`{i}` (carried as output {j})" for i, j in d.state.items())
+                lines += [f"- in a batch of sequences (`rows=`): mixes positions along axis "
+                          f"{d.sequence_axis}, so it runs once per sequence on its own rows"
+                          + (f" and state: {state}" if state else "")]
+            lines += [""]
     return "\n".join(lines).rstrip() + "\n"

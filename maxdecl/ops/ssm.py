@@ -112,8 +112,10 @@ def _scan_rule(types, attrs):
         if not _same_dims(v.shape, (*lead, seq, n)):
             raise ValueError(f"{what}{format_shape(v.shape)} must be "
                              f"{format_shape((*lead, seq, n))}")
-    if d.rank != 0 and not _same_dims(d.shape, (ch,)):
-        raise ValueError(f"D{format_shape(d.shape)} must be [{ch}] or a scalar")
+    if d.rank != 0 and not _same_dims(d.shape, (ch,)) and not (
+            lead and _same_dims(d.shape, (*lead, ch))):
+        per_batch = f", {format_shape((*lead, ch))} (one per batch entry)" if lead else ""
+        raise ValueError(f"D{format_shape(d.shape)} must be [{ch}]{per_batch} or a scalar")
     out = TensorType(DType.float32, x.shape)
     if not rest:
         return [out]
@@ -132,7 +134,7 @@ define("selective_scan", rule=_scan_rule, run="ssm", inputs=("x", "dt", "A", "B"
        doc="Mamba-1 selective scan: h = exp(dt * A) * h + dt * B_t * x_t, y_t = C_t . h + "
            "D * x_t per channel, h from state (zeros without it)",
        rule_doc="x, dt float32 [..., seq, D], A [D, N] or [..., D, N], B, C [..., seq, N], "
-                "D [D] or scalar, "
+                "D [D], [..., D] or scalar, "
                 "state [..., D, N] -> y [..., seq, D] (and the new state)")
 
 
@@ -148,7 +150,8 @@ def selective_scan(x, dt, A, B, C, D, state=None, dt_softplus=False):  # noqa: N
     ``h`` starts as ``state [..., D, N]`` (zeros when None); with a state, returns
     ``(y, new_state)``. ``A`` may also be ``[..., D, N]``, one per batch entry of x:
     Mamba-2's heads as a batch axis (``[G, seq, head_dim]`` per group of heads sharing B
-    and C) each keep their own decay.
+    and C) each keep their own decay; so may ``D``, as ``[..., D]`` (one skip per head,
+    spread over its channels).
 
     Example::
 

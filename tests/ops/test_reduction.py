@@ -17,6 +17,8 @@ def test_sum_mean_max(rng, axis, keepdims):
           torch.mean(t, dim=dim, keepdim=keepdims).numpy(), atol=1e-6)
     close(run_op(md.ops.max, x, axis=axis, keepdims=keepdims),
           torch.amax(t, dim=dim, keepdim=keepdims).numpy())
+    close(run_op(md.ops.min, x, axis=axis, keepdims=keepdims),
+          torch.amin(t, dim=dim, keepdim=keepdims).numpy())
 
 
 def test_integer_sum_keeps_dtype():

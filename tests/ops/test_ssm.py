@@ -145,6 +145,24 @@ def test_selective_scan_takes_an_a_per_batch_entry(rng):
         md.ops.selective_scan(*g.inputs)
 
 
+def test_selective_scan_takes_a_d_per_batch_entry(rng):
+    """D [B, D] (Mamba-2's one skip per head, spread over its channels): each entry as
+    torch's recurrence with that entry's D; a D whose batch dims are not x's is refused."""
+    x, dt, a, b, c, _, h0 = scan_inputs(rng, bsz=3)
+    dt = np.abs(dt)
+    d = rng.standard_normal((3, 5)).astype(np.float32)
+    y, h = run_op(md.ops.selective_scan, x, dt, a, b, c, d, h0)
+    for i in range(3):
+        ref_y, ref_h = torch_selective_scan(x[i:i + 1], dt[i:i + 1], a, b[i:i + 1],
+                                            c[i:i + 1], d[i], h0[i:i + 1], False)
+        close(y[i:i + 1], ref_y, atol=1e-5)
+        close(h[i:i + 1], ref_h, atol=1e-5)
+    g = md.Graph("t", [md.TensorType("float32", s) for s in
+                       ((3, 7, 5), (3, 7, 5), (5, 4), (3, 7, 4), (3, 7, 4), (2, 5))])
+    with pytest.raises(md.GraphError, match=r"D\[2, 5\] must be \[5\], \[3, 5\]"):
+        md.ops.selective_scan(*g.inputs)
+
+
 def _linear_scan_torch(a, x, h0):
     """h_t = a_t * h_{t-1} + x_t by a torch loop (float64)."""
     a, x = torch.from_numpy(a).double(), torch.from_numpy(x).double()
