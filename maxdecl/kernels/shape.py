@@ -141,5 +141,7 @@ RUN = {
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
     "squeeze": _squeeze_run,
     "identity": lambda args, attrs: [args[0]],
+    "repeat_interleave": lambda args, attrs: [np.repeat(args[0], attrs["repeats"],
+                                                        axis=attrs["axis"])],
     "unsqueeze": lambda args, attrs: [np.expand_dims(args[0], tuple(attrs["axis"]))],
 }

@@ -17,7 +17,7 @@ from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
-           "squeeze", "unsqueeze", "identity"]
+           "squeeze", "unsqueeze", "identity", "repeat_interleave"]
 
 
 def _reshape_rule(types, attrs):
@@ -511,6 +511,25 @@ define("identity", rule=_identity_rule, run="shape", kind="shape",
        doc="x itself under another name (a value that one branch of a 0/1 group computes "
            "and the other passes through)",
        rule_doc="x not quantized; out: the type of x")
+def _repeat_interleave_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    r = attrs["repeats"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ValueError(f"repeat_interleave repeats must be a non-negative int, got {r!r}")
+    axis = _checks.valid_axis(attrs["axis"], x.rank)
+    shape = list(x.shape)
+    shape[axis] = dims.mul(shape[axis], r)
+    return [TensorType(x.dtype, tuple(shape))]
+
+
+define("repeat_interleave", rule=_repeat_interleave_rule, run="shape",
+       attrs={"repeats": REQUIRED, "axis": 0}, kind="shape",
+       normalize=lambda a: {**a, "repeats": int(a["repeats"]) if _whole(a["repeats"])
+                            else a["repeats"], "axis": int(a["axis"])},
+       doc="each element repeated `repeats` times in place along axis (torch's "
+           "x.repeat_interleave(repeats, dim), np.repeat): [a, b] -> [a, a, b, b]",
+       rule_doc="repeats a non-negative int; the axis dim times repeats")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -629,3 +648,9 @@ def unsqueeze():  # noqa: A001 - the signature comes from the definition
 @public
 def identity():  # noqa: A001 - the signature comes from the definition
     """``x`` unchanged: a second name for a value."""
+
+
+@public
+def repeat_interleave():  # noqa: A001 - the signature comes from the definition
+    """Each element of ``x`` repeated ``repeats`` times in place along ``axis``
+    (``np.repeat(x, repeats, axis)``); ``tile`` repeats the whole tensor instead."""

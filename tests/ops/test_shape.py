@@ -322,3 +322,20 @@ def test_identity_is_its_input(rng):
     np.testing.assert_array_equal(out, x)
     g = md.Graph("t", [md.TensorType("int64", ("n",))])
     assert md.ops.identity(g.inputs[0]).type == g.inputs[0].type
+
+
+@pytest.mark.parametrize("shape,repeats,axis", [((3,), 2, 0), ((2, 3, 4), 3, 1),
+                                                ((2, 3), 1, -1), ((2, 3), 0, 0)])
+def test_repeat_interleave_matches_torch(rng, shape, repeats, axis):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = run_op(lambda v: md.ops.repeat_interleave(v, repeats=repeats, axis=axis), x)
+    want = torch.from_numpy(x).repeat_interleave(repeats, dim=axis).numpy()
+    assert out.shape == want.shape
+    np.testing.assert_array_equal(out, want)
+
+
+def test_repeat_interleave_types():
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 4))])
+    assert md.ops.repeat_interleave(g.inputs[0], repeats=2, axis=0).shape == ("2*seq", 4)
+    with pytest.raises(md.GraphError, match="repeats must be a non-negative int"):
+        md.ops.repeat_interleave(g.inputs[0], repeats=-1)
