@@ -48,6 +48,9 @@ def run_cli(args) -> int:
         if model.note:
             print(model.note, flush=True)
         text_source = model.encoder_decoder and not model._array_source()
+        source = _array_source_only(model, inputs)
+        if source is not None and not args.output:
+            return _run_source_array(model, source, inputs[source], max_new, sampling, stop)
         if model.session is None and (inputs or args.output or not text_source):
             return _run_graph(model, inputs, args.output)      # encoder-decoders: either
         if inputs or args.output:
@@ -96,6 +99,51 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, looku
     print(f"[{res.prompt_tokens} prompt tokens: {res.prefill_tps:.1f} tokens/s; "
           f"{n} generated token{'' if n == 1 else 's'}: {decode}; "
           f"finish: {res.finish_reason}{looked}{built}]", flush=True)
+    return 0
+
+
+def _array_source_only(model, inputs: dict):
+    """The source input's name when ``model`` is an encoder-decoder over an array (Whisper's
+    spectrogram) and ``--input`` gives that source alone (then ``run`` generates from it),
+    else None."""
+    if not (model.encoder_decoder and model._array_source()) or len(inputs) != 1:
+        return None
+    from .seq2seq import source_input
+
+    name = source_input(model.input_names)
+    return name if name in inputs else None
+
+
+def _run_source_array(model, name: str, path: str, max_new, sampling, stop) -> int:
+    """Generate from the ``.npy`` array at ``path`` as the encoder's source ``name``."""
+    import numpy as np
+
+    v = next(v for v in model.graph.inputs if v.name == name)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--input {name}={path}: cannot read a .npy array: {e}") from None
+    want = f"{v.dtype.name}[{', '.join(map(str, v.shape))}]"
+    fits = arr.ndim == len(v.shape) and all(isinstance(d, str) or d == n
+                                            for d, n in zip(v.shape, arr.shape))
+    if arr.dtype != v.dtype.numpy or not fits:
+        raise InputError(f"--input {name}={path}: expected {want}, got "
+                         f"{arr.dtype.name}{list(arr.shape)}")
+    _say_what_runs(model)
+    out = sys.stdout
+
+    def emit(text):
+        out.write(text)
+        out.flush()
+
+    res = model.generate(arr, max_new, stop=stop,
+                         on_text=emit if model.tokenizer is not None else None, **sampling)
+    if model.tokenizer is None:
+        out.write("ids: " + " ".join(map(str, res.ids)))
+    out.write("\n")
+    n = len(res.ids)
+    print(f"[source {name} {list(arr.shape)}; {n} generated token{'' if n == 1 else 's'}: "
+          f"{res.decode_tps:.1f} tokens/s; finish: {res.finish_reason}]", flush=True)
     return 0
 
 

@@ -29,6 +29,7 @@ import contextvars
 import functools
 import math
 import operator
+import struct
 
 from . import budgets
 from .budgets import ExprError
@@ -140,11 +141,22 @@ def _sum(xs, start=0):
     return total
 
 
+def _float32(x):
+    """``x`` rounded to the nearest float32 (as a Python float): a table that torch builds
+    in float32 step by step (a frequency, then its angle) reproduced exactly."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ExprError(f"float32 takes a number, got {x!r}")
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except (OverflowError, struct.error):
+        raise ExprError(f"float32({x!r}): out of float32's range") from None
+
+
 FUNCTIONS = {
     "range": _range, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
-    "log2": math.log2, "ceil": math.ceil, "floor": math.floor,
+    "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,
     "alibi_slopes": alibi_slopes, "llama3_rope_factors": llama3_rope_factors,
 }
 

@@ -58,6 +58,30 @@ def test_run_of_an_array_source_encoder_decoder_takes_inputs_not_text():
     assert r.returncode != 0 and "missing --input for enc_features" in r.stderr
 
 
+def test_run_generates_from_an_array_source_given_alone(tmp_path):
+    """`maxdecl run specs/whisper.yaml --input enc_features=f.npy` transcribes: the text
+    model.generate gives for that array, then the summary line."""
+    import numpy as np
+
+    model = md.load_model(SPECS / "whisper.yaml")
+    shape = [d if isinstance(d, int) else 8 for d in
+             next(v for v in model.graph.inputs if v.name == "enc_features").shape]
+    feats = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    np.save(tmp_path / "f.npy", feats)
+    want = model.generate(feats, 3, temperature=0)
+    r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "whisper.yaml"),
+                        "--input", f"enc_features={tmp_path / 'f.npy'}", "-n", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-2] == want.text and f"{len(want.ids)} generated token" in lines[-1]
+    np.save(tmp_path / "bad.npy", feats.astype(np.float64))
+    r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "whisper.yaml"),
+                        "--input", f"enc_features={tmp_path / 'bad.npy'}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "expected float32" in r.stderr
+
+
 def test_source_and_new_tokens_each_fit_the_context():
     """The encoder's positions and the decoder's are counted apart: a source as long as
     the context still decodes; each part past it is refused on its own terms."""

@@ -42,6 +42,8 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("sum([0.5, 1.5], 1)", 3.0),
     ("[typeof(v) for v in [1, 1.5, 'a', True, None, sizes, cfg]]",
      ["int", "float", "str", "bool", "none", "list", "dict"]),
+    ("float32(0.1)", 0.10000000149011612),                  # numpy.float32(0.1), widened
+    ("float32(3)", 3.0),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
@@ -73,6 +75,8 @@ def test_evaluates(text, want):
     ("range(1.5)", "range takes 1 to 3 integers"),
     ("sum([1, 'a'])", "sum takes a list of numbers"),
     ("1 if dim\n  else 2 if", "it spans lines"),
+    ("float32(1e300)", "out of float32's range"),
+    ("float32('a')", "float32 takes a number"),
 ])
 def test_refuses(text, fragment):
     with pytest.raises(ExprError) as e:
