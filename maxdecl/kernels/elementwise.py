@@ -52,6 +52,13 @@ def _clamp(x, attrs):
     return np.asarray(x)
 
 
+def _glu(x, axis):
+    if x.shape[axis] % 2:
+        raise ValueError(f"glu halves axis {axis} of x{list(x.shape)}, whose size is odd")
+    a, b = np.split(x, 2, axis=axis)
+    return (a * _sigmoid(b)).astype(x.dtype, copy=False)
+
+
 def _sigmoid(x):
     return (1 / (1 + np.exp(-x))).astype(x.dtype, copy=False)
 
@@ -121,4 +128,5 @@ RUN = {
     "logical_not": _unary(np.logical_not),
     "cast": lambda args, attrs: [args[0].astype(attrs["dtype"].numpy)],
     "clamp": lambda args, attrs: [_clamp(args[0], attrs)],
+    "glu": lambda args, attrs: [_glu(args[0], attrs["axis"])],
 }

@@ -6,6 +6,7 @@ activations with no single NumPy call: silu, gelu, gelu_tanh).
 
 from __future__ import annotations
 
+from .. import dims
 from ..dtypes import DType, TensorType
 from . import _checks
 from ._registry import REQUIRED, define, public_op
@@ -166,6 +167,29 @@ define("cast", rule=_cast_rule, run="elementwise", attrs={"dtype": REQUIRED},
        rule_doc="x: not quantized; out: dtype, the shape of x")
 
 
+def _glu_rule(types, attrs):
+    (x,) = types
+    _checks.float_input(x)
+    axis = _checks.valid_axis(attrs["axis"], x.rank)
+    d = x.shape[axis]
+    if isinstance(d, int):
+        if d % 2:
+            raise ValueError(f"glu halves axis {axis} of {x.type}, whose size {d} is not even")
+        half = d // 2
+    else:                        # a symbolic length: checked when it runs
+        half = dims.divide(d, 2) or f"div({d},2)"
+    shape = list(x.shape)
+    shape[axis] = half
+    return [TensorType(x.dtype, tuple(shape))]
+
+
+define("glu", rule=_glu_rule, run="elementwise", attrs={"axis": -1}, kind="elementwise",
+       normalize=lambda a: {**a, "axis": int(a["axis"])},
+       doc="gated linear unit: the first half of axis times the sigmoid of the second "
+           "(torch.nn.functional.glu(x, dim))",
+       rule_doc="x float, axis even; out: that axis halved")
+
+
 add, sub, mul, div, pow, maximum, minimum, mod = (public_op(n) for n in BINARY)  # noqa: A001
 neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 equal, not_equal, greater, greater_equal, less, less_equal = (public_op(n) for n in COMPARE)
@@ -187,6 +211,9 @@ clamp = public_op(
     "``min``, ``max``: numbers (expressions allowed), either None for no bound; min <= "
     "max. NaN stays NaN. OLMo's ``clip_qkv`` is ``{min: \"{-clip_qkv}\", max: "
     "\"{clip_qkv}\"}``; a bound in the dtype of ``x`` (an int ``x`` takes whole bounds).")
+glu = public_op("glu", "``a * sigmoid(b)`` where ``a, b`` are the halves of ``x`` along "
+                "``axis`` (``torch.nn.functional.glu``): Speech2Text's and wav2vec-style "
+                "convolutional gates.")
 cast = public_op("cast", "Convert ``x`` to ``dtype`` (a md.DType or its name).\n\n"
                  "``dtype``: float32, float16, bfloat16, int8, uint8, int32, int64 or bool, "
                  "as NumPy's ``astype``: to bool, nonzero is True; float to int truncates.")

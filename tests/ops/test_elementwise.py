@@ -157,3 +157,22 @@ def test_expm1_and_log1p_keep_their_digits_near_zero():
     for name, ref in (("expm1", np.expm1), ("log1p", np.log1p)):
         out = run_op(getattr(md.ops, name), x)
         np.testing.assert_allclose(out, ref(x.astype(np.float64)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 8), -1), ((4, 6, 5), 1), ((2, 3), 0)])
+def test_glu_matches_torch(rng, shape, axis):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = run_op(lambda v: md.ops.glu(v, axis=axis), x)
+    want = torch.nn.functional.glu(torch.from_numpy(x), axis).numpy()
+    assert out.shape == want.shape
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+def test_glu_halves_the_axis():
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 6)), md.TensorType("float32", (5,))])
+    assert md.ops.glu(g.inputs[0], axis=0).shape == ("div(seq,2)", 6)
+    with pytest.raises(md.GraphError, match="whose size 5 is not even"):
+        md.ops.glu(g.inputs[1])
+    g.output(md.ops.glu(g.inputs[0], axis=0))
+    with pytest.raises(md.GraphError, match="odd"):
+        md.compile(g)(np.zeros((3, 6), np.float32), np.zeros(5, np.float32))
