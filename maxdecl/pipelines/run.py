@@ -116,19 +116,7 @@ def _array_source_only(model, inputs: dict):
 
 def _run_source_array(model, name: str, path: str, max_new, sampling, stop) -> int:
     """Generate from the ``.npy`` array at ``path`` as the encoder's source ``name``."""
-    import numpy as np
-
-    v = next(v for v in model.graph.inputs if v.name == name)
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise InputError(f"--input {name}={path}: cannot read a .npy array: {e}") from None
-    want = f"{v.dtype.name}[{', '.join(map(str, v.shape))}]"
-    fits = arr.ndim == len(v.shape) and all(isinstance(d, str) or d == n
-                                            for d, n in zip(v.shape, arr.shape))
-    if arr.dtype != v.dtype.numpy or not fits:
-        raise InputError(f"--input {name}={path}: expected {want}, got "
-                         f"{arr.dtype.name}{list(arr.shape)}")
+    arr = _load_input(next(v for v in model.graph.inputs if v.name == name), path)
     _say_what_runs(model)
     out = sys.stdout
 
@@ -147,6 +135,23 @@ def _run_source_array(model, name: str, path: str, max_new, sampling, stop) -> i
     return 0
 
 
+def _load_input(v, path: str):
+    """The ``.npy`` array at ``path`` for graph input ``v``, checked against its type."""
+    import numpy as np
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"--input {v.name}={path}: cannot read a .npy array: {e}") from None
+    want = f"{v.dtype.name}[{', '.join(map(str, v.shape))}]"
+    fits = arr.ndim == len(v.shape) and all(isinstance(d, str) or d == n
+                                            for d, n in zip(v.shape, arr.shape))
+    if arr.dtype != v.dtype.numpy or not fits:
+        raise InputError(f"--input {v.name}={path}: expected {want}, got "
+                         f"{arr.dtype.name}{list(arr.shape)}")
+    return arr
+
+
 def _run_graph(model, inputs: dict, output) -> int:
     """Run a spec that is not a language model once on named .npy inputs."""
     import numpy as np
@@ -160,20 +165,7 @@ def _run_graph(model, inputs: dict, output) -> int:
         what = (f"unknown input(s) {', '.join(unknown)}" if unknown
                 else f"missing --input for {', '.join(missing)}")
         raise InputError(f"{what}; {model.spec.name} takes {types} (--input NAME=FILE.npy)")
-    arrays = []
-    for v in model.graph.inputs:
-        try:
-            arr = np.load(inputs[v.name], allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InputError(f"--input {v.name}={inputs[v.name]}: cannot read a .npy array: "
-                             f"{e}") from None
-        want = f"{v.dtype.name}[{', '.join(map(str, v.shape))}]"
-        fits = arr.ndim == len(v.shape) and all(isinstance(d, str) or d == n
-                                                for d, n in zip(v.shape, arr.shape))
-        if arr.dtype != v.dtype.numpy or not fits:
-            raise InputError(f"--input {v.name}={inputs[v.name]}: expected {want}, got "
-                             f"{arr.dtype.name}{list(arr.shape)}")
-        arrays.append(arr)
+    arrays = [_load_input(v, inputs[v.name]) for v in model.graph.inputs]
     outs = model(*arrays)
     for name, arr in zip(model.output_names, outs):
         arr = np.asarray(arr)
