@@ -167,6 +167,7 @@ class Model:
             raise InputError("stop strings need a tokenizer")
         if self.encoder_decoder and self._array_source():
             prompts, batch = _source_arrays(prompt)        # Whisper: spectrograms, not text
+            checks.fit_source([], max_new_tokens, self.context, False)   # the decoder's room
             requests = [GenerateRequest(p, max_new_tokens, sampling, stop) for p in prompts]
         else:
             prompts, batch = checks.split_batch(prompt)

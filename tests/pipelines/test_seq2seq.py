@@ -80,6 +80,8 @@ def test_run_generates_from_an_array_source_given_alone(tmp_path):
                         "--input", f"enc_features={tmp_path / 'bad.npy'}"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "expected float32" in r.stderr
+    with pytest.raises(md.InputError, match="exceeds the decoder's context"):
+        model.generate(feats, model.context + 1, temperature=0)
 
 
 def test_source_and_new_tokens_each_fit_the_context():
