@@ -42,13 +42,18 @@ def _reduced_shape(x, attrs) -> tuple:
     return tuple(d for i, d in enumerate(x.shape) if i not in axes)
 
 
+def _summable(x, name) -> None:
+    """TypeError unless ``x`` is a plain, non-bool tensor an accumulating op can take."""
+    _checks.not_quantized(x)
+    _checks.no_bfloat16(x)
+    if x.dtype == DType.bool:
+        raise TypeError(f"{name} of a bool tensor: cast it first (got {x.type})")
+
+
 def _reduce_rule(name):
     def infer(inputs, attrs):
         (x,) = inputs
-        _checks.not_quantized(x)
-        _checks.no_bfloat16(x)
-        if x.dtype == DType.bool:
-            raise TypeError(f"{name} of a bool tensor: cast it first (got {x.type})")
+        _summable(x, name)
         if name == "mean" and not x.dtype.is_float:
             raise TypeError(f"mean needs a float tensor, got {x.type}")
         if name in ("max", "min") and attrs["axis"] is not None and any(
@@ -116,10 +121,7 @@ def argmax():  # noqa: A001 - the signature comes from the definition
 # -- cumsum -----------------------------------------------------------------------------
 def _cumsum_rule(inputs, attrs):
     (x,) = inputs
-    _checks.not_quantized(x)
-    _checks.no_bfloat16(x)
-    if x.dtype == DType.bool:
-        raise TypeError(f"cumsum of a bool tensor: cast it first (got {x.type})")
+    _summable(x, "cumsum")
     _checks.valid_axis(attrs["axis"], x.rank)
     return [x.type]
 

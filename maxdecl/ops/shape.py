@@ -456,6 +456,8 @@ define("roll", rule=_roll_rule, run="shape", attrs={"shifts": REQUIRED, "axes": 
        normalize=_normalize_roll, kind="shape",
        doc="elements shifted along axes, wrapping around (torch.roll, np.roll)",
        rule_doc="one int shift per axis; out: the type of x")
+
+
 def _axes_attr(op):
     def normalize(a):
         v = a["axis"]
@@ -501,6 +503,8 @@ define("unsqueeze", rule=_unsqueeze_rule, run="shape", attrs={"axis": REQUIRED},
        doc="axes of size 1 inserted (np.expand_dims, torch's x.unsqueeze(dim)): each axis "
            "is a position in the output; one axis or a list",
        rule_doc="axes within the output's rank, each once; out: x's dims with 1s there")
+
+
 def _identity_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -511,6 +515,8 @@ define("identity", rule=_identity_rule, run="shape", kind="shape",
        doc="x itself under another name (a value that one branch of a 0/1 group computes "
            "and the other passes through)",
        rule_doc="x not quantized; out: the type of x")
+
+
 def _repeat_interleave_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
