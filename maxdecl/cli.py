@@ -104,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--truncate", action="store_true",
                    help="keep the prompt's last tokens when it does not fit the context "
                    "(default: an error)")
+    r.add_argument("--decoder-prompt", metavar="IDS",
+                   help="encoder-decoders: token ids (comma or space separated) the decoder "
+                   "reads after its start token, e.g. mBART-50's target language")
     r.add_argument("-t", "--threads", type=int, metavar="N",
                    help="kernel threads (default: all CPUs numba may use)")
     r.add_argument("--tokenizer", metavar="PATH",

@@ -126,7 +126,7 @@ class Model:
                  top_p=None, min_p=None, repeat_penalty: float = 1.0, stop=None, seed=0,
                  on_text=None, *, repeat_last_n: int = 64, truncate: bool = False,
                  on_prefill=None, lookup: int = 0, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0):
+                 frequency_penalty: float = 0.0, decoder_prompt=None):
         """Generate from one prompt or a list of prompts.
 
         Args:
@@ -147,6 +147,10 @@ class Model:
                 from the n-grams of the context, verify them in one step; the ids are
                 exactly those of plain greedy decoding. ``out.drafted`` /
                 ``out.accepted`` count the drafts.
+            decoder_prompt: encoder-decoders only: token ids (or text, no BOS added) the
+                decoder reads after its ``decoder_start`` token before it generates, as
+                transformers' ``forced_bos_token_id`` (mBART-50's target language) or a
+                ``decoder_input_ids`` prefix (Whisper's task tokens); not in ``out.ids``.
 
         Returns:
             a ``GenerateOutput`` (``ids text finish_reason prompt_tokens prefill_s
@@ -165,6 +169,7 @@ class Model:
         truncate = checks.check_bool("truncate", truncate)
         if stop and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
+        prefix = self._decoder_prompt(decoder_prompt, max_new_tokens)
         if self.encoder_decoder and self._array_source():
             prompts, batch = _source_arrays(prompt)        # Whisper: spectrograms, not text
             checks.fit_source([], max_new_tokens, self.context, False)   # the decoder's room
@@ -182,7 +187,7 @@ class Model:
         if self.encoder_decoder:
             if lookup:
                 raise InputError("lookup decoding is for decoder-only language models")
-            outs = self._generate_seq2seq(requests, emit)
+            outs = self._generate_seq2seq(requests, emit, prefix)
         elif len(requests) == 1 and not lookup:
             outs = self._generate_each(requests, emit, on_prefill)
         else:
@@ -198,15 +203,33 @@ class Model:
         ``maxdecl run`` runs the graph on ``--input`` arrays, ``generate`` takes arrays."""
         return source_input(self.input_names) != "enc_tokens"
 
-    def _generate_seq2seq(self, requests, on_text=None) -> list[GenerateOutput]:
+    def _decoder_prompt(self, decoder_prompt, max_new_tokens: int) -> list[int]:
+        """The checked ids of ``generate``'s ``decoder_prompt`` ([] for None)."""
+        if decoder_prompt is None:
+            return []
+        if not self.encoder_decoder:
+            raise InputError("decoder_prompt is for encoder-decoder specs (inputs enc_* and "
+                             "dec_tokens); a language model's prompt is the prompt")
+        ids = checks.check_prompt(decoder_prompt, self.vocab, "decoder_prompt")
+        if isinstance(ids, str):
+            if self.tokenizer is None:
+                raise InputError("a text decoder_prompt needs a tokenizer; give token ids")
+            ids = self.tokenizer.encode(ids, add_bos=False)
+        if self.context is not None and len(ids) + max_new_tokens > self.context:
+            raise InputError(f"decoder_prompt ({len(ids)} tokens) and max_new_tokens "
+                             f"{max_new_tokens} exceed the decoder's context of "
+                             f"{self.context} tokens")
+        return list(ids)
+
+    def _generate_seq2seq(self, requests, on_text=None, prefix=()) -> list[GenerateOutput]:
         """Encoder-decoder generation: each source through the encoder, the decoder from
-        the spec's ``decoder_start`` token, one sequence at a time."""
-        start = decoder_start(self.params, self.spec.name)
+        the spec's ``decoder_start`` token and then ``prefix``, one sequence at a time."""
+        start = [decoder_start(self.params, self.spec.name), *prefix]
         outs = []
         for k, r in enumerate(requests):
             emit = None if on_text is None else (lambda text, k=k: on_text(k, text))
             session = Seq2SeqSession(self.graph, self._run, r.ids)
-            out = generate_ids(session, self.tokenizer, [start], r.max_new_tokens,
+            out = generate_ids(session, self.tokenizer, start, r.max_new_tokens,
                                Sampler(**r.sampling), on_text=emit, stop=r.stop)
             array = isinstance(r.ids, np.ndarray)
             outs.append(dataclasses.replace(out, prompt_tokens=len(r.ids),

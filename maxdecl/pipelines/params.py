@@ -169,29 +169,30 @@ def _check_unicode(name: str, text: str) -> None:
                          f"{e.start}") from None
 
 
-def check_prompt(prompt, vocab: int | None):
-    """One prompt: a str (valid Unicode) or a list of token ids in [0, vocab).
+def check_prompt(prompt, vocab: int | None, name: str = "prompt"):
+    """One prompt (``name`` in errors): a str (valid Unicode) or a list of token ids in
+    [0, vocab).
 
     Returns the str, or the ids as a list of Python ints.
     """
     if isinstance(prompt, str):
-        _check_unicode("prompt", prompt)
+        _check_unicode(name, prompt)
         return prompt
     if isinstance(prompt, (bytes, bytearray, memoryview)):
-        raise InputError("prompt must be a str or a list of token ids, got bytes "
+        raise InputError(f"{name} must be a str or a list of token ids, got bytes "
                          "(decode it to str first)")
     if not _is_sequence(prompt):
-        raise InputError(f"prompt must be a str or a list of token ids, got {_got(prompt)}")
+        raise InputError(f"{name} must be a str or a list of token ids, got {_got(prompt)}")
     ids = []
     for k, t in enumerate(prompt):
         if not _is_int(t):
-            raise InputError(f"prompt token {k} must be an int token id, got {_got(t)}")
+            raise InputError(f"{name} token {k} must be an int token id, got {_got(t)}")
         t = int(t)
         if t < 0 or (vocab is not None and t >= vocab):
-            raise InputError(f"prompt token {k} is {t}: token ids must be in [0, {vocab})")
+            raise InputError(f"{name} token {k} is {t}: token ids must be in [0, {vocab})")
         ids.append(t)
     if not ids:
-        raise InputError("prompt is an empty list of token ids")
+        raise InputError(f"{name} is an empty list of token ids")
     return ids
 
 

@@ -33,6 +33,7 @@ def run_cli(args) -> int:
     if lookup and sampling["temperature"] != 0:
         raise InputError("--lookup is greedy decoding: use --temp 0")
     inputs = _parse_inputs(args.input or [])
+    prefix = _parse_ids("--decoder-prompt", getattr(args, "decoder_prompt", None))
     for opt, path in (("--weights", args.weights), ("--tokenizer", args.tokenizer)):
         if path is not None and not os.path.exists(path):
             raise InputError(f"{opt} {path}: no such file or directory")
@@ -50,17 +51,29 @@ def run_cli(args) -> int:
         text_source = model.encoder_decoder and not model._array_source()
         source = _array_source_only(model, inputs)
         if source is not None and not args.output:
-            return _run_source_array(model, source, inputs[source], max_new, sampling, stop)
+            return _run_source_array(model, source, inputs[source], max_new, sampling, stop,
+                                     prefix)
         if model.session is None and (inputs or args.output or not text_source):
             return _run_graph(model, inputs, args.output)      # encoder-decoders: either
         if inputs or args.output:
             raise InputError(f"{args.spec} is a language model: --input/--output are for "
                              "specs without a 'tokens' input; give a --prompt")
         return _run_text(model, prompt, max_new, sampling, stop, args.truncate, compiling,
-                         lookup)
+                         lookup, prefix)
 
 
-def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, lookup=0) -> int:
+def _parse_ids(opt: str, text):
+    """The token ids in ``text`` (comma or space separated), or None for no option."""
+    if text is None:
+        return None
+    parts = text.replace(",", " ").split()
+    if not parts or not all(p.isdigit() for p in parts):
+        raise InputError(f"{opt} takes token ids separated by commas or spaces, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, lookup=0,
+              prefix=None) -> int:
     tok = model.tokenizer
     if tok is None:
         raise WeightsError(f"{model.source}: no tokenizer in the weights or beside them: pass "
@@ -85,7 +98,8 @@ def _run_text(model, prompt, max_new, sampling, stop, truncate, compiling, looku
 
     progress = _PrefillProgress() if len(ids) > 2 * PREFILL_CHUNK else None   # long prompts
     res = model.generate(ids, max_new, stop=stop, on_text=emit,
-                         on_prefill=None if lookup else progress, lookup=lookup, **sampling)
+                         on_prefill=None if lookup else progress, lookup=lookup,
+                         decoder_prompt=prefix, **sampling)
     out.write("\n")
     n = len(res.ids)
     decode = (f"{res.decode_tps:.1f} tokens/s" if n > 1
@@ -114,7 +128,8 @@ def _array_source_only(model, inputs: dict):
     return name if name in inputs else None
 
 
-def _run_source_array(model, name: str, path: str, max_new, sampling, stop) -> int:
+def _run_source_array(model, name: str, path: str, max_new, sampling, stop,
+                      prefix=None) -> int:
     """Generate from the ``.npy`` array at ``path`` as the encoder's source ``name``."""
     arr = _load_input(next(v for v in model.graph.inputs if v.name == name), path)
     _say_what_runs(model)
@@ -124,7 +139,7 @@ def _run_source_array(model, name: str, path: str, max_new, sampling, stop) -> i
         out.write(text)
         out.flush()
 
-    res = model.generate(arr, max_new, stop=stop,
+    res = model.generate(arr, max_new, stop=stop, decoder_prompt=prefix,
                          on_text=emit if model.tokenizer is not None else None, **sampling)
     if model.tokenizer is None:
         out.write("ids: " + " ".join(map(str, res.ids)))

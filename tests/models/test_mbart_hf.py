@@ -183,6 +183,43 @@ def test_mbart_greedy_generate_matches_hf(cases, loaded, name):
     assert [o.ids for o in ours.generate(SOURCES, N_NEW, temperature=0)] == want
 
 
+def test_mbart_decoder_prompt_matches_hf_forced_bos_and_prefix(cases, loaded):
+    """``decoder_prompt`` = transformers' ``forced_bos_token_id`` (mBART-50's target
+    language: the first token after decoder_start) and a ``decoder_input_ids`` prefix:
+    the same ids after it, and the prompt is not in ``out.ids``."""
+    import torch
+
+    hf, ours = cases["base"][0], loaded["base"]
+    src = SOURCES[0]
+    mask = torch.ones(1, len(src), dtype=torch.long)
+    with torch.no_grad():
+        forced = hf.generate(torch.tensor([src]), attention_mask=mask, max_new_tokens=N_NEW + 1,
+                             do_sample=False, num_beams=1, eos_token_id=None,
+                             forced_eos_token_id=None, forced_bos_token_id=77, pad_token_id=1)
+        prefixed = hf.generate(torch.tensor([src]), attention_mask=mask,
+                               decoder_input_ids=torch.tensor([[2, 77, 30]]), max_new_tokens=N_NEW,
+                               do_sample=False, num_beams=1, eos_token_id=None,
+                               forced_eos_token_id=None, forced_bos_token_id=None, pad_token_id=1)
+    assert forced[0, 1].item() == 77
+    want = forced[0, 2:].tolist()
+    assert want != hf_greedy(hf, src, N_NEW)          # the forced token changes what follows
+    assert ours.generate(src, N_NEW, temperature=0, decoder_prompt=[77]).ids == want
+    assert ours.generate(src, N_NEW, temperature=0,
+                         decoder_prompt=[77, 30]).ids == prefixed[0, 3:].tolist()
+
+
+def test_mbart_decoder_prompt_is_checked(loaded):
+    """A decoder_prompt is token ids in the vocabulary, within the decoder's context, and
+    only for encoder-decoders."""
+    ours = loaded["base"]
+    with pytest.raises(md.InputError, match="decoder_prompt token 0 is 500"):
+        ours.generate(SOURCES[0], 2, decoder_prompt=[500])
+    with pytest.raises(md.InputError, match="decoder's context of 48"):
+        ours.generate(SOURCES[0], 40, decoder_prompt=[5] * 10)
+    with pytest.raises(md.InputError, match="decoder_prompt is an empty list"):
+        ours.generate(SOURCES[0], 2, decoder_prompt=[])
+
+
 def test_mbart_generation_depends_on_the_source(cases):
     """The reference is not degenerate: different sources decode differently, and not
     as one repeated token."""

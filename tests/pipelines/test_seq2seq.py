@@ -99,3 +99,23 @@ def test_source_and_new_tokens_each_fit_the_context():
     assert cut.prompt_tokens == ctx
     with pytest.raises(md.InputError, match="exceeds the decoder's context"):
         model.generate([5, 6], ctx + 1, temperature=0)
+
+
+def test_run_takes_a_decoder_prompt():
+    """`--decoder-prompt IDS` is generate's decoder_prompt: the same ids on the command
+    line; a language model refuses it, and so does text that is not ids."""
+    model = md.load_model(SPECS / "t5.yaml")
+    plain = model.generate("hello", 3, temperature=0)
+    want = model.generate("hello", 3, temperature=0, decoder_prompt=[plain.ids[0] + 1, 7])
+    r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "t5.yaml"), "-p",
+                        "hello", "-n", "3", "--decoder-prompt", f"{plain.ids[0] + 1}, 7"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2] == want.text
+    r = subprocess.run([sys.executable, "-m", "maxdecl", "run", str(SPECS / "t5.yaml"), "-p",
+                        "hello", "--decoder-prompt", "fr_XX"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "--decoder-prompt takes token ids" in r.stderr
+    lm = md.load_model(SPECS / "tinystories.yaml")
+    with pytest.raises(md.InputError, match="decoder_prompt is for encoder-decoder"):
+        lm.generate([1, 2], 2, decoder_prompt=[3])
