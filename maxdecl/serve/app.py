@@ -84,7 +84,23 @@ def sampling_from(body: dict) -> dict:
     out["stop"] = [s for s in stop if s]
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("'stream' must be a boolean", param="stream")
+    out["include_usage"] = _include_usage(body)
     return out
+
+
+def _include_usage(body: dict) -> bool:
+    """``stream_options.include_usage`` (OpenAI: a last chunk with the token counts),
+    checked: an object, and only with ``stream``."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not body.get("stream"):
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true",
+                         param="stream_options")
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+        raise BadRequest("'stream_options' must be an object with a boolean 'include_usage'",
+                         param="stream_options")
+    return opts.get("include_usage", False)
 
 
 class Server:
@@ -185,7 +201,8 @@ def build_app(server: Server):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         if body.get("stream"):
-            return StreamingResponse(_sse(server, handle, events, rid, created, chat),
+            return StreamingResponse(_sse(server, handle, events, rid, created, chat,
+                                          params["include_usage"]),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         text, reason = "", None
@@ -204,9 +221,7 @@ def build_app(server: Server):
         if handle.error is not None:
             return _error(BadRequest(f"generation failed: {handle.error}", status=500,
                                      kind="server_error"))
-        usage = {"prompt_tokens": handle.prompt_tokens,
-                 "completion_tokens": len(handle.request.ids),
-                 "total_tokens": handle.prompt_tokens + len(handle.request.ids)}
+        usage = _usage(handle)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": reason}
@@ -231,8 +246,17 @@ def build_app(server: Server):
     ])
 
 
-async def _sse(server, handle, events, rid, created, chat):
-    """Server-sent events in OpenAI's chunk format; a disconnect cancels the sequence."""
+def _usage(handle) -> dict:
+    """OpenAI's ``usage`` object of a finished request."""
+    done = len(handle.request.ids)
+    return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": done,
+            "total_tokens": handle.prompt_tokens + done}
+
+
+async def _sse(server, handle, events, rid, created, chat, include_usage=False):
+    """Server-sent events in OpenAI's chunk format; a disconnect cancels the sequence.
+    With ``include_usage`` every chunk carries ``"usage": null`` and a last chunk with no
+    choices carries the counts, as OpenAI's ``stream_options`` asks."""
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text, reason, first=False):
@@ -242,8 +266,13 @@ async def _sse(server, handle, events, rid, created, chat):
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return event([choice])
+
+    def event(choices, usage=None):
         data = {"id": rid, "object": obj, "created": created, "model": server.model_name,
-                "choices": [choice]}
+                "choices": choices}
+        if include_usage:
+            data["usage"] = usage
         return f"data: {json.dumps(data)}\n\n"
 
     reason = None
@@ -255,6 +284,8 @@ async def _sse(server, handle, events, rid, created, chat):
             if text:
                 yield chunk(text, None)
         yield chunk("", reason)
+        if include_usage:
+            yield event([], _usage(handle))
         yield "data: [DONE]\n\n"
     finally:
         if reason is None:

@@ -61,6 +61,25 @@ def test_chat_completion_streamed_and_not(client, live_server):
     assert full.choices[0].finish_reason in ("stop", "length")
 
 
+def test_stream_options_include_usage_ends_with_the_counts(client, live_server):
+    """OpenAI's ``stream_options={"include_usage": True}``: every chunk has usage None
+    but the last, which has no choices and the counts of the non-streamed answer."""
+    name = live_server[0].model_name
+    msgs = [{"role": "user", "content": "Hi!"}]
+    full = client.chat.completions.create(model=name, messages=msgs, max_tokens=5,
+                                          temperature=0)
+    parts = list(client.chat.completions.create(model=name, messages=msgs, max_tokens=5,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert all(p.usage is None for p in parts[:-1]) and parts[-1].choices == []
+    assert parts[-1].usage.model_dump() == full.usage.model_dump()
+    assert parts[-2].choices[0].finish_reason == full.choices[0].finish_reason
+    plain = list(client.completions.create(model=name, prompt="The cat", max_tokens=3,
+                                           temperature=0, stream=True,
+                                           stream_options={"include_usage": False}))
+    assert all(p.choices for p in plain) and all(p.usage is None for p in plain)
+
+
 def test_concurrent_requests_each_get_their_solo_result(client, live_server):
     name = live_server[0].model_name
     prompts = ["a", "The cat", "1 2 3", "Once upon a time", "xyz"]
@@ -104,6 +123,10 @@ def test_stop_strings_end_the_text(client, live_server):
     (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n = 1"),
     (json.dumps({"prompt": "x", "max_tokens": 10 ** 6}).encode(), 400, "context"),
     (json.dumps({"prompt": [1, 2, 10 ** 9]}).encode(), 400, "token ids"),
+    (json.dumps({"prompt": "x", "stream_options": {"include_usage": True}}).encode(), 400,
+     "only allowed when 'stream' is true"),
+    (json.dumps({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}).encode(),
+     400, "stream_options"),
 ])
 def test_bad_requests_get_openai_errors(live_server, body, status, fragment):
     _, url = live_server
