@@ -281,11 +281,11 @@ def _where(node: Node) -> str:
 
 def _as_const(v, inputs):
     """Python scalars take the dtype of their tensor partner (as in torch): the first
-    non-bool input's (``select(cond, 0.0, x)``: x's), else the first input's."""
+    non-bool input's (``select(cond, 0.0, x)``: x's); with none (a bool condition at
+    most), float32 for a float and int64 for an int (``select(cond, 0.0, -100.0)``)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        values = [x for x in inputs if isinstance(x, Value)]    # a bool (cond) last
-        partner = next((x for x in values if x.dtype != DType.bool),
-                       values[0] if values else None)
+        values = [x for x in inputs if isinstance(x, Value)]
+        partner = next((x for x in values if x.dtype != DType.bool), None)
         if partner is not None:
             return np.asarray(v, dtype=partner.dtype.numpy)
         return np.asarray(v, dtype=np.float32 if isinstance(v, float) else np.int64)

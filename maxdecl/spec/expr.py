@@ -152,8 +152,18 @@ def _float32(x):
         raise ExprError(f"float32({x!r}): out of float32's range") from None
 
 
+def _zip(*lists):
+    """``zip(a, b, ...)`` as a list of lists, as long as the shortest (pairs to walk
+    together: ``[d % h == 0 for d, h in zip(dims, heads)]``)."""
+    if not lists or not all(isinstance(xs, (list, tuple, str)) for xs in lists):
+        raise ExprError(f"zip takes lists, got {', '.join(repr(x)[:40] for x in lists)}")
+    return [list(t) for t in zip(*lists)]
+
+
+CONSTANTS = {"pi": math.pi}   # names every expression sees (a param cannot take them)
+
 FUNCTIONS = {
-    "range": _range, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
+    "range": _range, "zip": _zip, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,
@@ -215,6 +225,10 @@ def parse(text: str) -> ast.AST:
                                          for n in ast.walk(node.target))):
             raise ExprError(f"{text.strip()!r}: a comprehension binds names only "
                             f"(`for x in xs`, `for a, b in pairs`)")
+        if isinstance(node, ast.comprehension) and any(
+                isinstance(n, ast.Name) and n.id in CONSTANTS for n in ast.walk(node.target)):
+            raise ExprError(f"{text.strip()!r}: a comprehension cannot bind the constant "
+                            f"{sorted(CONSTANTS)[0]!r}")
     return tree
 
 
@@ -237,7 +251,8 @@ def names(text: str) -> frozenset:
     bound = {n.id for c in ast.walk(tree) if isinstance(c, ast.comprehension)
              for n in ast.walk(c.target) if isinstance(n, ast.Name)}
     return frozenset(n.id for n in ast.walk(tree)
-                     if isinstance(n, ast.Name) and id(n) not in funcs and n.id not in bound)
+                     if isinstance(n, ast.Name) and id(n) not in funcs and n.id not in bound
+                     and n.id not in CONSTANTS)
 
 
 def evaluate(text: str, env: dict, strict: bool = True):
@@ -364,6 +379,8 @@ def _eval(node, env, text):
             return node.value
         raise ExprError(f"{text!r}: constant {node.value!r} is not allowed")
     if isinstance(node, ast.Name):
+        if node.id in CONSTANTS:
+            return CONSTANTS[node.id]
         if node.id in env:
             return env[node.id]
         raise ExprError(f"undefined name {node.id!r} in {text.strip()!r}" + _hint(node.id, env))

@@ -80,7 +80,7 @@ class TypeEnv:
                 return None            # an earlier problem; don't report it twice
             types.append(t)
         given = [t for t in types if t is not None]     # a bool (a select's cond) last
-        partner = next((t for t in given if t.dtype != DType.bool), given[0] if given else None)
+        partner = next((t for t in given if t.dtype != DType.bool), None)
         types = [t if t is not None else _scalar_type(r.target, partner)
                  for t, r in zip(types, refs)]
         # every layer of a repeat runs the same rule on the same types: run it once
@@ -124,7 +124,10 @@ class TypeEnv:
 
 def _scalar_type(value, partner) -> TensorType:
     """A Python number in ``in:`` takes its tensor partner's dtype (as in torch): the
-    first non-bool input's, so ``select(cond, 0.0, x)`` gives x's."""
+    first non-bool input's, so ``select(cond, 0.0, x)`` gives x's; with none, float32
+    for a float, int64 for an int (``select(cond, 0.0, -100.0)``), bool for a bool."""
+    if isinstance(value, bool):
+        return TensorType(DType.bool, ())
     if partner is not None and not partner.is_quantized:
         return TensorType(partner.dtype, ())
     return TensorType(DType.float32 if isinstance(value, float) else DType.int64, ())

@@ -127,6 +127,36 @@ def test_a_number_beside_a_bool_condition_takes_the_values_dtype():
     np.testing.assert_array_equal(out, [0, 1, 0, 3])
 
 
+def test_numbers_beside_only_a_bool_condition_keep_their_own_dtype(tmp_path):
+    """``select(cond, 0.0, -100.0)`` (a mask from a bool): float32 values, in the Python
+    API and in a spec (checked and built), not the condition's bool."""
+    g = md.Graph("t", [md.TensorType("bool", (3,))])
+    y = md.ops.select(g.inputs[0], 0.0, -100.0)
+    z = md.ops.select(g.inputs[0], 1, 7)
+    assert y.type.dtype == md.DType.float32 and z.type.dtype == md.DType.int64
+    g.output(y, z)
+    a, b = g.execute(np.array([True, False, True]))
+    assert a.tolist() == [0.0, -100.0, 0.0] and b.tolist() == [1, 7, 1]
+    spec = tmp_path / "mask.yaml"
+    spec.write_text("""maxdecl: 1
+name: mask
+default_variant: one
+variants: {one: {}}
+dims: {seq: positions}
+encodings: {default: f32}
+inputs:
+  keep: {dtype: bool, shape: [seq]}
+  x: {dtype: float32, shape: [seq]}
+layers:
+  - {op: select, in: [keep, 0.0, -100.0], out: bias}
+  - {op: add, in: [x, bias], out: y}
+outputs: [y]
+""")
+    g = md.build(md.load_spec(spec))
+    (out,) = g.execute(np.array([True, False]), np.array([1.0, 2.0], np.float32))
+    assert out.tolist() == [1.0, -98.0]
+
+
 @pytest.mark.parametrize("lo, hi", [(-1.0, 0.5), (None, 0.25), (-0.5, None), (None, None),
                                     (0.3, 0.3)])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])

@@ -44,6 +44,9 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
      ["int", "float", "str", "bool", "none", "list", "dict"]),
     ("float32(0.1)", 0.10000000149011612),                  # numpy.float32(0.1), widened
     ("float32(3)", 3.0),
+    ("2 * pi", 2 * math.pi),
+    ("[d % h == 0 for d, h in zip([64, 96], [8, 5])]", [True, False]),
+    ("zip(sizes, 'ab', range(9))", [[1, "a", 0], [2, "b", 1]]),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
@@ -77,6 +80,8 @@ def test_evaluates(text, want):
     ("1 if dim\n  else 2 if", "it spans lines"),
     ("float32(1e300)", "out of float32's range"),
     ("float32('a')", "float32 takes a number"),
+    ("zip(dim)", "zip takes lists"),
+    ("[pi for pi in sizes]", "cannot bind the constant 'pi'"),
 ])
 def test_refuses(text, fragment):
     with pytest.raises(ExprError) as e:
@@ -89,6 +94,7 @@ def test_names_of_a_comprehension_are_its_free_names():
 
     assert names("[n if t != 'conv' else 0 for t in layer_types]") == {"n", "layer_types"}
     assert names("[i * j for i in range(k) for j in range(i)]") == {"k"}
+    assert names("2 * pi * k") == {"k"}                 # a constant, not a free name
 
 
 def test_render_keeps_type_of_whole_expressions_and_interpolates_parts():
