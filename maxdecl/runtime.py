@@ -82,6 +82,8 @@ class CompiledGraph:
         bound = {id(n.outputs[0]): w for n, w in zip(weight_nodes, self._bound)}
         self._nodes, folded = _fold_weight_casts(
             [n for n in graph.nodes if n.op != "weight"], bound)
+        self._nodes, constants = _fold_constants(self._nodes, graph.outputs)
+        folded += constants
         preloaded = [n.outputs[0] for n in weight_nodes] + [v for v, _ in folded]
         self._bound += [a for _, a in folded]
         self.fused = fusion.enabled(fuse)
@@ -342,6 +344,65 @@ def _fold_weight_casts(nodes, bound: dict) -> tuple[list, list]:
         else:
             left.append(n)
     return left, folded
+
+
+FOLD_MAX_BYTES = 16 << 20   # a constant-only value up to this size is computed once
+
+
+def _read_only(a):
+    """``a`` made read-only (a copy when it is a writeable view: its base may be a
+    caller's array); other objects as given (a QuantizedTensor's blocks are never
+    written)."""
+    if isinstance(a, np.ndarray) and a.flags.writeable:
+        if a.base is not None:
+            a = a.copy()
+        a.flags.writeable = False
+    return a
+
+
+def _static_bytes(t) -> float:
+    """The bytes of a value of type ``t``; infinite when a dim is symbolic."""
+    if not all(isinstance(d, int) for d in t.shape):
+        return float("inf")
+    return float(np.prod(t.shape, dtype=np.float64)) * np.dtype(t.dtype.numpy).itemsize
+
+
+def _fold_constants(nodes, outputs) -> tuple[list, list]:
+    """``(nodes left, [(Value, array)])``: the nodes that read only constants (tables a
+    spec builds from its params: a DFT matrix, relative-position buckets, ALiBi slopes)
+    run once here, by their ops' own runtimes, instead of on every call. Only built-in
+    row-wise ops fold (a user's custom op may not be pure), only values with static
+    shapes of at most ``FOLD_MAX_BYTES``, never a graph output (a caller may write into
+    what it gets). The values that later nodes read are kept, read-only."""
+    known: dict[int, np.ndarray] = {}
+    left, done = [], []
+    for n in nodes:
+        opdef = _registry.get(n.op)
+        foldable = (isinstance(opdef.run, str) and opdef.sequence_axis is None
+                    and all(id(x) in known for x in n.inputs)
+                    and sum(_static_bytes(o.type) for o in n.outputs) <= FOLD_MAX_BYTES
+                    and not any(o is x for o in n.outputs for x in outputs))
+        if not foldable:
+            left.append(n)
+            continue
+        try:
+            outs = opdef.runner()([known[id(x)] for x in n.inputs], _run_attrs(n))
+        except MaxdeclError as e:
+            raise GraphError(f"{n.where()}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - one error type, naming the node
+            raise GraphError(f"{n.where()}: {type(e).__name__}: {e}") from e
+        for o, a in zip(n.outputs, outs):
+            known[id(o)] = a
+        done.append(n)
+    read = {id(x) for n in left for x in n.inputs}
+    given = {id(n.attrs["value"]) for n in done if n.op == "constant"}   # the caller's
+    kept = []
+    for n in done:
+        for o in n.outputs:
+            if id(o) in read:
+                a = known[id(o)]
+                kept.append((o, a if id(a) in given else _read_only(a)))
+    return left, kept
 
 
 def _generate(graph, preloaded, steps, nodes, fixed=None):
