@@ -8,7 +8,7 @@ import numpy as np
 
 from ..ops._window import SAME, same_pads
 from ..ops.conv import window_out_size
-from ..ops.pool import window
+from ..ops.pool import adaptive_sizes, window
 from . import conv, pool, pool3d
 
 
@@ -85,4 +85,25 @@ def _max_run(args, attrs):
     return [out, idx] if attrs["return_indices"] else [out]
 
 
-RUN = {"conv2d": _run(2), "conv3d": _run(3), "avg_pool": _avg_run, "max_pool": _max_run}
+def _adaptive_run(kind):
+    def run(args, attrs):
+        x = args[0]
+        spatial = x.shape[1:-1]
+        if 0 in spatial:
+            raise ValueError(f"adaptive_{kind}_pool of an empty spatial dim: "
+                             f"{list(x.shape)}")
+        outs = adaptive_sizes(attrs, spatial)
+        cuts = [[(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
+                for n, o in zip(spatial, outs)]
+        out = np.empty((x.shape[0], *outs, x.shape[-1]), x.dtype)
+        axes = tuple(range(1, x.ndim - 1))
+        for cell in np.ndindex(*outs):
+            win = x[(slice(None),) + tuple(slice(*cuts[i][c]) for i, c in enumerate(cell))]
+            out[(slice(None),) + cell] = (win.mean(axis=axes, dtype=np.float32)
+                                          if kind == "avg" else win.max(axis=axes))
+        return [out]
+    return run
+
+
+RUN = {"conv2d": _run(2), "conv3d": _run(3), "avg_pool": _avg_run, "max_pool": _max_run,
+       "adaptive_avg_pool": _adaptive_run("avg"), "adaptive_max_pool": _adaptive_run("max")}

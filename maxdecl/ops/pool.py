@@ -1,5 +1,6 @@
 """Pooling on NHWC input, or NDHWC for 3-D pooling (the rank decides): ``avg_pool`` and
-``max_pool`` (MAX v24.4 layouts).
+``max_pool`` (MAX v24.4 layouts); ``adaptive_avg_pool`` and ``adaptive_max_pool`` also
+take NLC (1-D) input and give a fixed output size (torch's ``AdaptiveAvgPool*d``).
 
 Attribute forms (canonicalised when the node is made; see ``_window``):
 
@@ -33,7 +34,7 @@ from ._registry import REQUIRED, define, public
 from ._window import SAME, canon, canon_padding, per_dim, per_side, same_out
 from .conv import window_out
 
-__all__ = ["avg_pool", "max_pool"]
+__all__ = ["avg_pool", "max_pool", "adaptive_avg_pool", "adaptive_max_pool"]
 
 
 def _normalize(attrs):
@@ -107,6 +108,88 @@ define("max_pool", rule=_infer("max_pool"), run="vision",
        rule_doc="x not bool, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial "
                 "dim; padding at most half the effective kernel per side; at least one window "
                 "per spatial dim (with ceil_mode a kernel larger than the input gives one)")
+
+
+def _adaptive_normalize(attrs):
+    size = attrs["output_size"]
+    items = [size] if isinstance(size, int) or size is None else list(size)
+    if not items or any(v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                           or v < 1) for v in items):
+        raise ValueError(f"output_size must be a positive int or one positive int (or null: "
+                         f"the input's size) per spatial dim, got {size!r}")
+    return {**attrs, "output_size": items[0] if isinstance(size, int) else tuple(items)}
+
+
+def adaptive_sizes(attrs, spatial: tuple) -> tuple:
+    """The output size per spatial dim: ``output_size`` (null: the input's dim)."""
+    size = attrs["output_size"]
+    sizes = (size,) * len(spatial) if isinstance(size, int) else size
+    if len(sizes) != len(spatial):
+        raise ValueError(f"output_size {tuple(sizes)} has {len(sizes)} values for "
+                         f"{len(spatial)} spatial dims")
+    return tuple(d if o is None else o for o, d in zip(sizes, spatial))
+
+
+def _adaptive_infer(name):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        _checks.not_quantized(x)
+        _checks.no_bfloat16(x)
+        if name == "adaptive_avg_pool":
+            _checks.float_input(x)
+        elif x.dtype == DType.bool:
+            raise TypeError(f"{name} of a bool tensor: cast it first (got {x.type})")
+        if x.rank not in (3, 4, 5):
+            raise ValueError(f"{name} needs NLC (rank 3), NHWC (rank 4) or NDHWC (rank 5) "
+                             f"input, got {format_shape(x.shape)}")
+        for d in x.shape[1:-1]:
+            if isinstance(d, int) and d == 0:
+                raise ValueError(f"{name} of an empty spatial dim: {format_shape(x.shape)}")
+        outs = adaptive_sizes(attrs, tuple(x.shape[1:-1]))
+        return [TensorType(x.dtype, (x.shape[0], *outs, x.shape[-1]))]
+    return infer
+
+
+_ADAPTIVE_DOC = ("output cell i of a spatial dim of size L covers inputs floor(i L / out) "
+                 "to ceil((i + 1) L / out) - 1, as torch")
+define("adaptive_avg_pool", rule=_adaptive_infer("adaptive_avg_pool"), run="vision",
+       attrs={"output_size": REQUIRED}, normalize=_adaptive_normalize, kind="pool",
+       doc="average of channels-last x (NLC, NHWC or NDHWC) over the windows that give "
+           "`output_size` cells per spatial dim (torch's AdaptiveAvgPool1d/2d/3d; "
+           "1: global average pooling); " + _ADAPTIVE_DOC,
+       rule_doc="x float, rank 3, 4 or 5 (channels last); output_size an int or one int "
+                "(null: the input's size) per spatial dim; spatial dims not empty")
+define("adaptive_max_pool", rule=_adaptive_infer("adaptive_max_pool"), run="vision",
+       attrs={"output_size": REQUIRED}, normalize=_adaptive_normalize, kind="pool",
+       doc="maximum of channels-last x (NLC, NHWC or NDHWC) over the windows that give "
+           "`output_size` cells per spatial dim (torch's AdaptiveMaxPool1d/2d/3d); "
+           + _ADAPTIVE_DOC,
+       rule_doc="x not bool, rank 3, 4 or 5 (channels last); output_size an int or one int "
+                "(null: the input's size) per spatial dim; spatial dims not empty")
+
+
+@public
+def adaptive_avg_pool():  # noqa: A001 - the signature comes from the definition
+    """Average of channels-last ``x`` (``[N, L, C]``, ``[N, H, W, C]`` or ``[N, D, H, W,
+    C]``) into ``output_size`` cells per spatial dim, as torch's ``AdaptiveAvgPool*d``:
+    cell i of a dim of size L averages inputs ``floor(i L / out)`` to ``ceil((i + 1) L /
+    out) - 1``. ``output_size``: an int, or one per spatial dim (None keeps that dim).
+
+    Example::
+
+        y = md.ops.adaptive_avg_pool(x, output_size=7)        # x: [N, H, W, C] -> [N, 7, 7, C]
+    """
+
+
+@public
+def adaptive_max_pool():  # noqa: A001 - the signature comes from the definition
+    """Maximum of channels-last ``x`` into ``output_size`` cells per spatial dim, as
+    torch's ``AdaptiveMaxPool*d`` (windows as ``adaptive_avg_pool``).
+
+    Example::
+
+        y = md.ops.adaptive_max_pool(x, output_size=(1, None))   # x: [N, H, W, C]
+    """
 
 
 @public

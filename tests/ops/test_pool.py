@@ -127,3 +127,55 @@ def test_pools_same_padding_match_tf_rule(h, w, k, s):
                                                count_boundary=False), x)
     close(got_max, ref_max.permute(0, 2, 3, 1).numpy())
     close(got_avg, ref_avg.permute(0, 2, 3, 1).numpy(), atol=1e-5)
+
+
+_ADAPTIVE = {1: (F.adaptive_avg_pool1d, F.adaptive_max_pool1d),
+             2: (F.adaptive_avg_pool2d, F.adaptive_max_pool2d),
+             3: (F.adaptive_avg_pool3d, F.adaptive_max_pool3d)}
+
+
+@pytest.mark.parametrize("shape, size", [
+    ((2, 10, 7, 3), 7),              # PVTv2's pool to 7 x 7: windows overlap along W
+    ((2, 5, 3), 4),                  # 1-D (NLC)
+    ((1, 4, 9, 6, 2), (2, None, 4)),  # 3-D, one dim kept
+    ((2, 13, 13, 4), (3, 5)),
+    ((2, 3, 3, 2), 1),               # global pooling
+    ((1, 2, 3, 5), (6, 1)),          # more cells than inputs: windows repeat
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_adaptive_pools_match_torch(shape, size, dtype, rng):
+    x = rng.standard_normal(shape).astype(dtype)
+    avg, mx = run_op(lambda v: (md.ops.adaptive_avg_pool(v, output_size=size),
+                                md.ops.adaptive_max_pool(v, output_size=size)), x)
+    t = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x.astype(np.float32), -1, 1)))
+    f_avg, f_max = _ADAPTIVE[len(shape) - 2]
+    want_avg = np.moveaxis(f_avg(t, size).numpy(), 1, -1)
+    want_max = np.moveaxis(f_max(t, size).numpy(), 1, -1)
+    assert avg.dtype == mx.dtype == dtype
+    tol = 1e-6 if dtype == np.float32 else 1e-3
+    close(avg, want_avg, atol=tol, rtol=tol, label=f"adaptive_avg_pool {shape} {size}")
+    close(mx, want_max, atol=0, rtol=0, label=f"adaptive_max_pool {shape} {size}")
+
+
+def test_adaptive_pools_keep_ints_and_symbolic_dims():
+    x = np.arange(2 * 6 * 1, dtype=np.int64).reshape(2, 6, 1)
+    np.testing.assert_array_equal(run_op(lambda v: md.ops.adaptive_max_pool(v, output_size=2),
+                                         x)[:, :, 0], [[2, 5], [8, 11]])
+    g = md.Graph("t", [md.TensorType("float32", ("n", "h", "w", 4))])
+    y = md.ops.adaptive_avg_pool(g.inputs[0], output_size=(None, 3))
+    assert y.shape == ("n", "h", 3, 4)
+
+
+@pytest.mark.parametrize("shape, dtype, attrs, fragment", [
+    ((2, 4), "float32", {"output_size": 1}, r"NLC \(rank 3\), NHWC \(rank 4\) or NDHWC"),
+    ((1, 4, 4, 2), "int64", {"output_size": 2}, "float"),
+    ((1, 4, 4, 2), "bool", {"output_size": 2}, None),
+    ((1, 4, 4, 2), "float32", {"output_size": (2, 2, 2)}, "3 values for 2 spatial dims"),
+    ((1, 4, 4, 2), "float32", {"output_size": 0}, "positive int"),
+    ((1, 0, 4, 2), "float32", {"output_size": 1}, "empty spatial dim"),
+])
+def test_adaptive_pools_refuse_what_torch_refuses(shape, dtype, attrs, fragment):
+    g = md.Graph("t", [md.TensorType(dtype, shape)])
+    op = md.ops.adaptive_max_pool if dtype == "bool" else md.ops.adaptive_avg_pool
+    with pytest.raises(md.GraphError, match=fragment or "bool"):
+        op(g.inputs[0], **attrs)
