@@ -149,5 +149,21 @@ def _batch_norm_run(args, attrs):
     return [np.ascontiguousarray(y, dtype=x.dtype)]
 
 
+def _normalize_run(args, attrs):
+    """x / max(||x||_p, epsilon) along ``axis`` in float32 (torch's F.normalize)."""
+    x = args[0]
+    xf = np.asarray(x, np.float32)
+    p, axis = attrs["p"], attrs["axis"]
+    if p == 2.0:
+        norm = np.sqrt(np.sum(xf * xf, axis=axis, keepdims=True))
+    elif p == 1.0:
+        norm = np.sum(np.abs(xf), axis=axis, keepdims=True)
+    else:
+        norm = np.sum(np.abs(xf) ** np.float32(p), axis=axis, keepdims=True) ** np.float32(1 / p)
+    y = xf / np.maximum(norm, np.float32(attrs["epsilon"]))
+    return [np.ascontiguousarray(y, dtype=x.dtype)]
+
+
 RUN = {"layer_norm": _layer_norm_run, "rms_norm": _rms_norm_run,
-       "group_norm": _group_norm_run, "batch_norm": _batch_norm_run}  # ops/norm.py
+       "group_norm": _group_norm_run, "batch_norm": _batch_norm_run,
+       "normalize": _normalize_run}  # ops/norm.py

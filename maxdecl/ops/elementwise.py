@@ -65,7 +65,8 @@ COMPARE = {"equal": "==", "not_equal": "!=", "greater": ">", "greater_equal": ">
 LOGICAL = {"logical_and": ("x", "y"), "logical_or": ("x", "y"), "logical_not": ("x",)}
 UNARY = ("neg", "abs", "relu")
 FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
-               "sin", "cos", "expm1", "log1p", "floor", "ceil", "round", "sign")
+               "sin", "cos", "expm1", "log1p", "floor", "ceil", "round", "sign", "log2", "log10",
+               "exp2", "tan", "atan")
 
 _BINARY_DOC = {
     "div": "elementwise x / y with NumPy broadcasting; integers divide with floor (Python's "
@@ -100,6 +101,11 @@ _FLOAT_UNARY_DOC = {
     "ceil": "elementwise ceiling, as a float (torch.ceil; DeBERTa's log buckets)",
     "round": "elementwise round half to even, as a float (torch.round)",
     "sign": "elementwise -1, 0 or 1 by the sign of x, as a float (torch.sign)",
+    "log2": "elementwise base-2 logarithm (torch.log2; Swin V2's log-spaced offsets)",
+    "log10": "elementwise base-10 logarithm (torch.log10)",
+    "exp2": "elementwise 2 ** x (torch.exp2)",
+    "tan": "elementwise tangent (radians)",
+    "atan": "elementwise arctangent in radians (torch.atan)",
     "sigmoid": "elementwise 1 / (1 + exp(-x))",
     "silu": "elementwise x * sigmoid(x) (swish; HF hidden_act silu)",
     "gelu": "elementwise exact GELU, 0.5 * x * (1 + erf(x / sqrt(2))) (torch's default; "
@@ -195,7 +201,8 @@ neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 equal, not_equal, greater, greater_equal, less, less_equal = (public_op(n) for n in COMPARE)
 logical_and, logical_or, logical_not = (public_op(n) for n in LOGICAL)
 (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos, expm1, log1p,
- floor, ceil, round, sign) = (public_op(n) for n in FLOAT_UNARY)  # noqa: A001
+ floor, ceil, round, sign, log2, log10, exp2, tan, atan) = (
+    public_op(n) for n in FLOAT_UNARY)  # noqa: A001
 activation = public_op(
     "activation",
     "The activation named by ``kind``, a Hugging Face ``hidden_act`` name.\n\n"

@@ -13,7 +13,7 @@ from ..dtypes import format_shape
 from . import _checks
 from ._registry import REQUIRED, define, public
 
-__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm"]
+__all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "normalize"]
 
 
 def _check_weight(x, w, what):
@@ -53,6 +53,30 @@ def _eps(a):
     return {**a, "epsilon": float(a["epsilon"])}
 
 
+def _normalize_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.float_input(x)
+    _checks.no_bfloat16(x)
+    if x.rank == 0:
+        raise ValueError("normalize needs x of rank >= 1")
+    _checks.valid_axis(attrs["axis"], x.rank)
+    if not float(attrs["p"]) > 0:
+        raise ValueError(f"p must be > 0, got {attrs['p']}")
+    if float(attrs["epsilon"]) < 0:
+        raise ValueError(f"epsilon must be >= 0, got {attrs['epsilon']}")
+    return [x]
+
+
+def _normalize_attrs(a):
+    return {**a, "axis": int(a["axis"]), "p": float(a["p"]), "epsilon": float(a["epsilon"])}
+
+
+define("normalize", rule=_normalize_rule, run="norm", attrs={"axis": -1, "p": 2.0,
+                                                              "epsilon": 1e-12},
+       normalize=_normalize_attrs, kind="norm",
+       doc="x / max(||x||_p, epsilon) along axis (torch.nn.functional.normalize: unit "
+           "embeddings, cosine attention's q and k); float32 math",
+       rule_doc="x float, rank >= 1; axis one of x's; p > 0, epsilon >= 0; out: the type of x")
 define("layer_norm", rule=_norm_rule, run="norm", inputs=("x", "gamma"), optional=("beta",),
        attrs={"epsilon": 1e-5}, normalize=_eps, kind="norm",
        doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis",
@@ -195,4 +219,16 @@ def rms_norm():  # noqa: A001 - the signature comes from the definition
     ``[heads, head_dim]`` weight gives each head its own gain (statistics still over the
     last axis only). Without a weight the gain is 1 (Falcon Mamba's RMS norms of dt, B
     and C, which have no parameters).
+    """
+
+
+@public
+def normalize():  # noqa: A001 - the signature comes from the definition
+    """``x / max(||x||_p, epsilon)`` along ``axis``, as ``torch.nn.functional.normalize``
+    (``p`` 2 and ``epsilon`` 1e-12 by default): unit-length embeddings (CLIP, sentence
+    encoders), the cosine attention of Swin V2. Computed in float32, returned in x's dtype.
+
+    Example::
+
+        e = md.ops.normalize(pooled, axis=-1)
     """

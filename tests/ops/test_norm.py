@@ -124,3 +124,24 @@ def test_batch_norm_statistics_must_be_per_channel():
                        md.TensorType("float32", (6,))])
     with pytest.raises(md.GraphError, match=r"mean\[5\] must be \[6\]"):
         md.ops.batch_norm(*g.inputs)
+
+
+@pytest.mark.parametrize("shape, axis, p", [((3, 16), -1, 2.0), ((2, 5, 8), 1, 2.0),
+                                            ((4, 7), 0, 1.0), ((2, 3, 6), -1, 3.0)])
+def test_normalize_matches_torch(shape, axis, p, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0] = 0.0                                           # a zero row: epsilon decides
+    out = run_op(md.ops.normalize, x, axis=axis, p=p)
+    ref = F.normalize(torch.from_numpy(x), p=p, dim=axis).numpy()
+    close(out, ref, atol=1e-6, rtol=1e-5, label=f"normalize {shape} {axis} {p}")
+    half = run_op(md.ops.normalize, x.astype(np.float16), axis=axis, p=p)
+    assert half.dtype == np.float16
+    close(half.astype(np.float32), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_normalize_refuses_bad_attributes():
+    g = md.Graph("t", [md.TensorType("float32", (3, 4))])
+    with pytest.raises(md.GraphError, match="axis 2 is out of range"):
+        md.ops.normalize(g.inputs[0], axis=2)
+    with pytest.raises(md.GraphError, match="p must be > 0"):
+        md.ops.normalize(g.inputs[0], p=0)
