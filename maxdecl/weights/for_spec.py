@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import WeightsError
 from ..spec import Spec, budgets, load_spec
 from ..spec.decls import POp
-from ..spec.expr import ExprError, evaluate, is_template, render, split_template
+from ..spec.expr import ExprError, evaluate, is_template, names, render, split_template
 from ..spec.semantic import variant_env
 from ..tensors import QuantizedTensor, TensorDict
 from .strings import StringArray
@@ -63,7 +63,7 @@ def params_from_metadata(spec, meta: dict) -> dict:
         for name, key in dict(section.get("config", {}) or {}).items():
             for alt in key if isinstance(key, list) else [key]:
                 v = _hf_config_value(alt, meta)
-                if v is not None:
+                if v is not None or _hf_constant(alt):   # "{None}": None, not the variant's
                     out[name] = v
                     break
     elif fmt == "llama2c":
@@ -143,6 +143,18 @@ def _rule_holds(when, env) -> bool:
     if not isinstance(value, bool):
         raise ExprError(f"gives {value!r}, expected true or false")
     return value
+
+
+def _hf_constant(alt) -> bool:
+    """Whether a ``formats.hf.config`` alternative is an expression over no key (``"{None}"``,
+    ``"{[]}"``): its value, None included, is the param's for every HF checkpoint."""
+    if not isinstance(alt, str) or not is_template(alt):
+        return False
+    try:
+        parts = split_template(alt)
+        return len(parts) == 1 and parts[0][0] and not names(parts[0][1])
+    except ExprError:
+        return False
 
 
 def _hf_config_value(key, config: dict):

@@ -35,6 +35,20 @@ def test_a_param_none_of_whose_alternatives_gives_a_value_is_left_out():
     assert params_from_metadata(spec, {"maxdecl.format": "hf", "num_heads": 8}) == {}
 
 
+def test_a_constant_none_sets_none_where_a_key_gives_none_falls_through():
+    """``[key, "{None}"]``: the key's value, else None (not the variant's value, as for a
+    GGUF constant); a key or expression that gives None tries the next alternative."""
+    spec = _with_config({"context": ["max_position_embeddings", "{None}"],
+                         "n_kv_heads": ["{num_kv if num_kv else None}", 2],
+                         "rope_theta": ["rope_theta", "{None if absent_key else 5.0}"]})
+    got = params_from_metadata(spec, {"maxdecl.format": "hf", "num_kv": 0, "absent_key": 1})
+    assert got["n_kv_heads"] == 2 and "rope_theta" not in got
+    assert "context" in got and got["context"] is None
+    got = params_from_metadata(spec, {"maxdecl.format": "hf", "max_position_embeddings": 64,
+                                      "num_kv": 4})
+    assert got["context"] == 64 and got["n_kv_heads"] == 4
+
+
 def test_special_floats_of_transformers_5_read_as_floats(tmp_path):
     """transformers 5 writes inf and NaN as {"__float__": "Infinity"} (Mamba-2's
     time_step_limit): config.json gives floats; any other such dict stays as it is."""
