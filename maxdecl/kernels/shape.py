@@ -121,8 +121,21 @@ def _squeeze_run(args, attrs):
     return [np.squeeze(x, axis=tuple(attrs["axis"]))]
 
 
+def _unfold_run(args, attrs):
+    (x,) = args
+    axis, size, step = attrs["axis"], attrs["size"], attrs["step"]
+    if x.shape[axis] < size:
+        raise ValueError(f"unfold: windows of {size} do not fit axis {axis} of size "
+                         f"{x.shape[axis]}")
+    win = np.lib.stride_tricks.sliding_window_view(x, size, axis=axis)
+    if step > 1:
+        win = win[(slice(None),) * (axis % x.ndim) + (slice(None, None, step),)]
+    return [np.ascontiguousarray(win)]
+
+
 RUN = {
     "pad": _pad_run,
+    "unfold": _unfold_run,
     "take_along_axis": _take_along_run,
     "arange_like": lambda args, attrs: [
         np.arange(attrs["start"], attrs["start"] + args[0].shape[attrs["axis"]], dtype=np.int64)],

@@ -17,7 +17,7 @@ from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
-           "squeeze", "unsqueeze", "identity", "repeat_interleave"]
+           "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold"]
 
 
 def _reshape_rule(types, attrs):
@@ -234,6 +234,36 @@ def _arange_like_rule(inputs, attrs):
     return [TensorType(DType.int64, (x.shape[axis],))]
 
 
+def _positive_int(attrs, key: str) -> int:
+    v = attrs[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{key} must be a positive int, got {v!r}")
+    return v
+
+
+def _unfold_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    if x.rank == 0:
+        raise ValueError("unfold needs x of rank >= 1")
+    axis = _checks.valid_axis(attrs["axis"], x.rank)
+    size, step = _positive_int(attrs, "size"), _positive_int(attrs, "step")
+    n = x.shape[axis]
+    if isinstance(n, int):
+        if n < size:
+            raise ValueError(f"unfold: windows of {size} do not fit axis {axis} of size {n}")
+        out = (n - size) // step + 1
+    elif step == 1:
+        out = dims.add(n, 1 - size)          # seq+4 padded, windows of 5: seq
+    else:
+        from .conv import window_out
+
+        out = window_out(n, size, step, 1, 0, 0)
+    shape = list(x.shape)
+    shape[axis] = out
+    return [TensorType(x.dtype, (*shape, size))]
+
+
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
@@ -345,6 +375,13 @@ define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "st
        doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
            "x's values are not read",
        rule_doc="x rank >= 1; out int64 [x.shape[axis]]")
+define("unfold", rule=_unfold_rule, run="shape", attrs={"axis": REQUIRED, "size": REQUIRED,
+                                                        "step": 1}, kind="shape",
+       doc="every window of `size` consecutive entries along axis, `step` apart, as a new "
+           "last axis (torch's Tensor.unfold, not nn.Unfold): [b, L, c] with axis 1, size "
+           "k gives [b, L - k + 1, c, k]; pad first for windows centred on each position",
+       rule_doc="axis one of x's; size, step positive ints, size at most the axis; out: "
+                "that axis (L - size) // step + 1 long, then a last axis of size")
 define("pad", rule=_pad_rule, run="shape",
        attrs={"pads": REQUIRED, "axes": None, "mode": "constant", "value": 0.0},
        normalize=_normalize_pad, kind="shape",
@@ -660,3 +697,17 @@ def identity():  # noqa: A001 - the signature comes from the definition
 def repeat_interleave():  # noqa: A001 - the signature comes from the definition
     """Each element of ``x`` repeated ``repeats`` times in place along ``axis``
     (``np.repeat(x, repeats, axis)``); ``tile`` repeats the whole tensor instead."""
+
+
+@public
+def unfold():  # noqa: A001 - the signature comes from the definition
+    """Every window of ``size`` consecutive entries along ``axis``, ``step`` apart, as a
+    new last axis: torch's ``Tensor.unfold(axis, size, step)`` (not ``nn.Unfold``). The
+    axis becomes ``(L - size) // step + 1`` long. ConvBERT's span convolution reads each
+    token's neighbours as ``unfold(pad(x, pads: [2, 2], axes: [1]), axis: 1, size: 5)``;
+    framing audio is ``unfold(wave, axis: -1, size: n_fft, step: hop)``.
+
+    Example::
+
+        w = md.ops.unfold(x, axis=1, size=3)     # x: [b, L, c] -> [b, L - 2, c, 3]
+    """

@@ -339,3 +339,34 @@ def test_repeat_interleave_types():
     assert md.ops.repeat_interleave(g.inputs[0], repeats=2, axis=0).shape == ("2*seq", 4)
     with pytest.raises(md.GraphError, match="repeats must be a non-negative int"):
         md.ops.repeat_interleave(g.inputs[0], repeats=-1)
+
+
+@pytest.mark.parametrize("shape, axis, size, step", [
+    ((2, 9, 4), 1, 5, 1), ((2, 9, 4), 1, 3, 2), ((7,), 0, 7, 3), ((3, 4, 10), -1, 4, 3),
+    ((2, 6, 5), 0, 1, 1)])
+def test_unfold_matches_torch(shape, axis, size, step, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = run_op(md.ops.unfold, x, axis=axis, size=size, step=step)
+    want = torch.from_numpy(x).unfold(axis, size, step).numpy()
+    assert out.shape == want.shape and out.tobytes() == want.tobytes()
+
+
+def test_unfold_sizes_symbolic_axes():
+    """A padded symbolic axis unfolded with step 1 keeps its name (seq + 4 padded, windows
+    of 5: seq); other steps give an opaque window dim; too short an axis is refused."""
+    g = md.Graph("t", [md.TensorType("float32", ("batch", "seq", 8))])
+    padded = md.ops.pad(g.inputs[0], pads=[2, 2], axes=[1])
+    w = md.ops.unfold(padded, axis=1, size=5)
+    assert w.shape == ("batch", "seq", 8, 5)
+    other = md.Graph("o", [md.TensorType("float32", ("batch", "seq", 8))])
+    assert md.ops.unfold(other.inputs[0], axis=1, size=4, step=2).shape[1].startswith("win(")
+    g.output(w)
+    (out,) = g.execute(np.ones((2, 3, 8), np.float32))
+    assert out.shape == (2, 3, 8, 5)
+    with pytest.raises(md.GraphError, match="windows of 3 do not fit axis 0 of size 2"):
+        md.ops.unfold(md.Graph("u", [md.TensorType("float32", (2, 5))]).inputs[0], axis=0,
+                      size=3)
+    short = md.Graph("v", [md.TensorType("float32", ("n",))])
+    short.output(md.ops.unfold(short.inputs[0], axis=0, size=3))
+    with pytest.raises(md.GraphError, match="windows of 3 do not fit"):
+        short.execute(np.ones(2, np.float32))
