@@ -64,7 +64,8 @@ def _cos_sin(theta: float, scale: float, dim: int, positions: bytes, factors: by
 
 
 def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray:
-    """x: (..., S, H, Dh) f32, positions: (S,) int -> rotated float32 copy.
+    """x: (..., S, H, Dh) f32, positions: (S,) int, or x's leading dims (..., S) (a
+    position per row) -> rotated float32 copy.
 
     Angle of pair i at position p: ``(p / scale) * theta ** (-2i / dim) / freq_factors[i]``
     (factors default to 1), computed in float64 and rounded to float32 cos/sin.
@@ -74,9 +75,13 @@ def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray
         raise ValueError(f"rope: x must be [..., seq, heads, head_dim], got shape {x.shape}")
     S, H, Dh = x.shape[-3:]
     pos = np.ascontiguousarray(positions, dtype=np.int64)
+    shape = x.shape
+    if pos.ndim > 1 and pos.shape == x.shape[:-2]:      # a position per row: one long row
+        x = x.reshape(1, -1, H, Dh)
+        pos, S = pos.reshape(-1), x.shape[1]
     if pos.shape != (S,):
-        raise ValueError(f"rope: positions{list(pos.shape)} must be [{S}], one per position "
-                         f"of x{list(x.shape)}")
+        raise ValueError(f"rope: positions{list(pos.shape)} must be [{S}], or x's leading "
+                         f"dims {list(x.shape[:-2])}, one per position of x{list(x.shape)}")
     dim = int(dim)
     if not 0 <= dim <= Dh:
         raise ValueError(f"rope: rotated dims {dim} must be in [0, head_dim {Dh}]")
@@ -92,4 +97,4 @@ def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray
     out = np.empty_like(x4)
     if out.size:
         pick(_rope, out.size)(x4, cos, sin, out, bool(neox))
-    return out.reshape(x.shape)
+    return out.reshape(shape)

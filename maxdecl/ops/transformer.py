@@ -56,9 +56,12 @@ def _rope_rule(inputs, attrs):
     _checks.int_input(pos, "positions")
     if x.rank < 3:
         raise ValueError(f"x must be [..., seq, heads, head_dim], got {format_shape(x.shape)}")
-    if pos.rank != 1 or not _checks.dims_equal(pos.shape[0], x.shape[-3]):
+    per_row = pos.rank == x.rank - 2 and pos.rank > 1 and all(
+        _checks.dims_equal(a, b) for a, b in zip(pos.shape, x.shape[:-2]))
+    if not per_row and (pos.rank != 1 or not _checks.dims_equal(pos.shape[0], x.shape[-3])):
         raise ValueError(f"positions{format_shape(pos.shape)} must be [seq] with seq = "
-                         f"{x.shape[-3]} (x{format_shape(x.shape)})")
+                         f"{x.shape[-3]}, or x's leading dims {format_shape(x.shape[:-2])} "
+                         f"(a position per row: left padding) (x{format_shape(x.shape)})")
     hd = x.shape[-1]
     dim = attrs["dim"]
     if not isinstance(hd, int):
@@ -86,8 +89,9 @@ define("rope", rule=_rope_rule, run="transformer", inputs=("x", "positions"),
        doc="rotary position embedding on x[..., seq, heads, head_dim]; freq_factors[dim // 2] "
            "divide the rotation frequencies; the angles and their cos and sin are computed "
            "in float64, then rounded to float32",
-       rule_doc="x float [..., seq, heads, head_dim] (head_dim static), positions integer [seq], "
-                "freq_factors [dim // 2]; out: the type of x")
+       rule_doc="x float [..., seq, heads, head_dim] (head_dim static), positions integer [seq] "
+                "or x's leading dims [..., seq] (a position per row), freq_factors "
+                "[dim // 2]; out: the type of x")
 
 
 @public

@@ -73,6 +73,21 @@ def test_rope_matches_reference(rng, style, scale, dim):
         np.testing.assert_array_equal(out[..., dim:], x[..., dim:])
 
 
+@pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_takes_a_position_per_row(rng, style):
+    """positions [batch, seq] (left-padded rows start at different positions): each row
+    rotated by its own positions, as HF's position_ids; a wrong shape is refused."""
+    x = rng.standard_normal((3, 4, 2, 16)).astype(np.float32)
+    pos = np.array([[0, 1, 2, 3], [0, 0, 0, 1], [5, 6, 7, 8]], np.int64)
+    out = run_op(lambda v, p: md.ops.rope(v, p, theta=10000.0, style=style), x, pos)
+    for b in range(3):
+        close(out[b], rope_ref(x[b], pos[b], 10000.0, style), atol=2e-6)
+    g = md.Graph("t", [md.TensorType("float32", (3, 4, 2, 16)),
+                       md.TensorType("int64", (4, 3))])
+    with pytest.raises(md.GraphError, match="or x's leading dims"):
+        md.ops.rope(*g.inputs, theta=10000.0)
+
+
 def test_rope_neox_matches_hf_llama(rng):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     q = rng.standard_normal((1, 4, 6, 32)).astype(np.float32)      # HF: [B, H, S, D]
