@@ -96,8 +96,12 @@ def format_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+MAX_STATIC_ELEMENTS = 1 << 40   # elements of a value whose dims are all known (~1e12)
+
+
 def check_dims(shape) -> tuple:
-    """``shape`` as a tuple of non-negative ints and non-empty strs (GraphError if not)."""
+    """``shape`` as a tuple of non-negative ints and non-empty strs (GraphError if not);
+    its static dims may hold at most ``MAX_STATIC_ELEMENTS`` elements together."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
         raise GraphError(f"a shape must be a sequence of dims, got {shape!r}")
     out = []
@@ -112,6 +116,13 @@ def check_dims(shape) -> tuple:
             raise GraphError(f"dim {int(d)} must be non-negative")
         else:
             out.append(int(d))
+    count = 1
+    for d in out:
+        if isinstance(d, int):
+            count *= d
+    if count > MAX_STATIC_ELEMENTS and 0 not in out:
+        raise GraphError(f"shape {format_shape(out)} holds {count:.3g} elements, over the "
+                         f"limit of {MAX_STATIC_ELEMENTS:.3g} (MAX_STATIC_ELEMENTS)")
     return tuple(out)
 
 

@@ -68,3 +68,20 @@ def test_compiled_graph_owns_its_plan_and_binding():
     np.testing.assert_array_equal(g.execute(np.ones(2, np.float32),
                                             weights={"w": np.array([1.0, 2.0], np.float32)})[0],
                                   [2.0, 3.0])
+
+
+@pytest.mark.parametrize("make", [
+    lambda g: md.TensorType("float32", (1 << 30, 1 << 30)),
+    lambda g: md.ops.adaptive_avg_pool(g.inputs[0], output_size=10 ** 9),
+    lambda g: md.ops.tile(g.inputs[0], repeats=[1, 10 ** 7, 10 ** 7, 1]),
+])
+def test_a_static_shape_past_the_element_limit_is_refused_when_made(make):
+    """A value whose known dims hold more than MAX_STATIC_ELEMENTS is an error naming
+    the limit when the node is made, not an allocation or a loop at run time."""
+    import time
+
+    g = md.Graph("t", [md.TensorType("float32", ("n", 4, 4, 2))])
+    t = time.perf_counter()
+    with pytest.raises(md.GraphError, match="MAX_STATIC_ELEMENTS"):
+        make(g)
+    assert time.perf_counter() - t < 5

@@ -85,6 +85,32 @@ def _max_run(args, attrs):
     return [out, idx] if attrs["return_indices"] else [out]
 
 
+def _adaptive_axis(x, axis: int, out: int, kind: str):
+    """x reduced along ``axis`` to ``out`` cells, cell i over inputs floor(i n / out) to
+    ceil((i + 1) n / out) - 1 (torch's adaptive windows). Vectorised over the cells: one
+    gather of the k-th entry of every window per k, k < the longest window (at most
+    ceil(n / out) + 1), so time and memory stay within the input's and output's sizes;
+    an average adds the entries in order, in float32."""
+    n = x.shape[axis]
+    cells = np.arange(out, dtype=np.int64)
+    start = cells * n // out
+    length = -((-(cells + 1) * n) // out) - start
+    acc = None
+    for k in range(int(length.max())):
+        idx = start + np.minimum(k, length - 1)
+        part = np.take(x, idx, axis=axis)
+        if kind == "max":
+            acc = part if acc is None else np.maximum(acc, part)
+        else:
+            keep = (k < length).astype(np.float32).reshape(
+                (-1,) + (1,) * (x.ndim - 1 - axis % x.ndim))
+            part = part * keep
+            acc = part if acc is None else acc + part
+    if kind == "avg":
+        acc = acc / length.astype(np.float32).reshape((-1,) + (1,) * (x.ndim - 1 - axis % x.ndim))
+    return acc
+
+
 def _adaptive_run(kind):
     def run(args, attrs):
         x = args[0]
@@ -93,15 +119,10 @@ def _adaptive_run(kind):
             raise ValueError(f"adaptive_{kind}_pool of an empty spatial dim: "
                              f"{list(x.shape)}")
         outs = adaptive_sizes(attrs, spatial)
-        cuts = [[(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
-                for n, o in zip(spatial, outs)]
-        out = np.empty((x.shape[0], *outs, x.shape[-1]), x.dtype)
-        axes = tuple(range(1, x.ndim - 1))
-        for cell in np.ndindex(*outs):
-            win = x[(slice(None),) + tuple(slice(*cuts[i][c]) for i, c in enumerate(cell))]
-            out[(slice(None),) + cell] = (win.mean(axis=axes, dtype=np.float32)
-                                          if kind == "avg" else win.max(axis=axes))
-        return [out]
+        y = np.asarray(x, np.float32) if kind == "avg" else x
+        for i, o in enumerate(outs):
+            y = _adaptive_axis(y, 1 + i, o, kind)
+        return [np.ascontiguousarray(y, dtype=x.dtype)]
     return run
 
 

@@ -157,6 +157,13 @@ def _zip(*lists):
     together: ``[d % h == 0 for d, h in zip(dims, heads)]``)."""
     if not lists or not all(isinstance(xs, (list, tuple, str)) for xs in lists):
         raise ExprError(f"zip takes lists, got {', '.join(repr(x)[:40] for x in lists)}")
+    n = min(len(xs) for xs in lists)
+    count = _ITERATIONS.get() or [0]           # each pair counts as a comprehension step
+    count[0] += n
+    if count[0] > budgets.MAX_ITERATIONS:
+        raise ExprError(f"zip of {n:,} items: more than {budgets.MAX_ITERATIONS:,} "
+                        "iterations in one expression (MAX_ITERATIONS)")
+    budgets.charge(n * (len(lists) + 1))
     return [list(t) for t in zip(*lists)]
 
 
