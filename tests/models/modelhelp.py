@@ -29,10 +29,17 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
     to the gains as in released checkpoints (a final-norm bias near 1 would add one fixed
     vector to every position, and greedy decoding would repeat one token); other 1-D
     (norm) weights: ``norm_center + norm_spread * N(0, 1)``; embedding tables N(0, 1);
-    other matrices N(0, 1 / fan_in), so activations stay O(1).
+    a patch-embedding conv (a conv filter named ``embed``) N(0, 1 / fan_in) over every
+    axis but the first, so a position table beside it is not swamped by the patches;
+    other matrices and filters N(0, 1 / n) with n their last axis.
     """
+    import math
+
     import torch
 
+    convs = {f"{m_name}.weight" if m_name else "weight"
+             for m_name, m in model.named_modules()
+             if isinstance(m, torch.nn.modules.conv._ConvNd)}
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -42,6 +49,9 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
                 p.copy_(bias_spread * torch.randn(p.shape, generator=gen))
             elif p.ndim == 1:
                 p.copy_(norm_center + norm_spread * torch.randn(p.shape, generator=gen))
+            elif name in convs and ("embed" in name or "wte" in name):
+                fan_in = math.prod(p.shape[1:])
+                p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
             elif "embed" in name or "wte" in name:
                 p.copy_(torch.randn(p.shape, generator=gen))
             else:
