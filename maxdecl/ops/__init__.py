@@ -38,6 +38,7 @@ from .transformer import *  # noqa: F403
 from .experts import *  # noqa: F403
 from .ssm import *  # noqa: F403
 from .rnn import *  # noqa: F403
+from .fourier import *  # noqa: F403
 from .custom import *  # noqa: F403
 from .reduction import softmax
 from .shape import reshape, transpose
