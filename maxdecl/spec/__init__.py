@@ -89,7 +89,7 @@ def _parse_text(text: str, file: str):
             more = parse_problems + semantic.check(spec)
             problems += [p for p in more if not _covered(p.path, bad)]
     out, seen = [], set()
-    for p in sorted(problems, key=lambda p: (p.line, p.col)):
+    for p in sorted(problems, key=semantic.problem_order):
         key = (p.line, p.col, p.message)
         if key not in seen:
             seen.add(key)

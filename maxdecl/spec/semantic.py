@@ -1049,6 +1049,13 @@ def format_map_problems(spec: Spec, map_hits: set) -> list[RawProblem]:
     return problems
 
 
+def problem_order(p) -> tuple:
+    """Sort key of problems: a spent budget first (its ``(limit MAX_...)`` stops the
+    check, and the problems after it, such as values never defined, follow from it),
+    then by position."""
+    return ("(limit MAX_" not in p.message, p.line, p.col)
+
+
 def expand_or_raise(spec: Spec, variant: str, params: dict | None = None,
                     check_encodings: bool = True) -> Program:
     """The Program of ``spec`` for ``variant``; SpecError on the first problem.
@@ -1058,7 +1065,7 @@ def expand_or_raise(spec: Spec, variant: str, params: dict | None = None,
     ex = Expander(spec, variant, params, check_encodings)
     prog = ex.run()
     if ex.problems:
-        ex.problems.sort(key=lambda p: (p.line, p.col))
+        ex.problems.sort(key=problem_order)
         p = ex.problems[0]
         more = len(ex.problems) - 1
         tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""

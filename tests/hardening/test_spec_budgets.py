@@ -127,6 +127,26 @@ def test_unrolled_limit():
     assert time.perf_counter() - t0 < 5.0
 
 
+def test_a_spent_budget_is_reported_before_what_follows_from_it():
+    """The limit stops the check, so values made after it look undefined, also at lines
+    before it (a block's body): the limit comes first, in validate and in load errors."""
+    from maxdecl.spec.semantic import problem_order
+
+    class P:
+        def __init__(self, line, message):
+            self.line, self.col, self.message = line, 1, message
+
+    found = sorted([P(30, "more than 65,536 layer instances (limit MAX_UNROLLED)"),
+                    P(12, "undefined value 'y'")], key=problem_order)
+    assert "MAX_UNROLLED" in found[0].message
+    text = SMALL.replace("N", "4096").replace(
+        "      - {op: add, in: [x, x], out: x}",
+        "      - name: inner\n        repeat: 16\n        layers:\n"
+        "          - {op: add, in: [x, x], out: x}")
+    problems = md.spec.validate_text(text, "s.yaml")
+    assert "MAX_UNROLLED" in problems[0].message
+
+
 @pytest.mark.parametrize("data, line, col, fragment", [
     (b"maxdecl: 1\nname: a\xffb\n", 2, 8, "invalid UTF-8"),
     (b"maxdecl: 1\nn\xc3me: x\n", 2, 2, "invalid UTF-8"),
