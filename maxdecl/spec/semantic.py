@@ -21,7 +21,8 @@ import re
 from types import MappingProxyType
 
 from .. import blocks
-from ..errors import SpecError
+from ..dtypes import check_dims
+from ..errors import GraphError, SpecError
 from ..ops import _registry
 from ..ops._registry import REQUIRED
 from . import budgets
@@ -232,7 +233,14 @@ class Expander:
     def shape(self, raw, env, base_ptr: str, symbolic: bool):
         dims = [self.dim(d, env, self.at(f"{base_ptr}/{k}"), symbolic)
                 for k, d in enumerate(raw)]
-        return None if any(d is None for d in dims) else tuple(dims)
+        if any(d is None for d in dims):
+            return None
+        try:
+            check_dims(dims)            # at most MAX_STATIC_ELEMENTS in the known dims
+        except GraphError as e:
+            self.problem(self.at(base_ptr), str(e))
+            return None
+        return tuple(dims)
 
     # the program
     def run(self) -> Program:

@@ -212,3 +212,20 @@ def test_block_chain_depth_is_bounded():
         "blocks:\n" + blocks + "layers:\n  - {name: top, block: b0, in: x, out: x}\n  - name:")
     problems = md.spec.validate_text(text, "s.yaml")
     assert any("MAX_LAYER_DEPTH" in p.message for p in problems), problems
+
+
+@pytest.mark.parametrize("where", ["weight", "input"])
+def test_a_shape_past_the_element_limit_is_a_located_problem(where):
+    """A weight or input whose known dims multiply past MAX_STATIC_ELEMENTS (a huge
+    param) is a problem at its shape, not an exception out of validate."""
+    huge = "99999999999999999999999999999999999999"
+    text = SMALL.replace("N", "1")
+    if where == "input":
+        text = text.replace("shape: [4, dim]", f"shape: [4, {huge}]")
+    else:
+        text = text.replace("tiny: {dim: 32,", f"tiny: {{dim: {huge},").replace(
+            "      - {op: add, in: [x, x], out: x}",
+            "      - {name: w, weights: {scale: [dim, dim]}}\n"
+            "      - {op: add, in: [x, x], out: x}")
+    problems = md.spec.validate_text(text, "s.yaml")
+    assert any("MAX_STATIC_ELEMENTS" in p.message for p in problems), problems
