@@ -133,8 +133,16 @@ def _unfold_run(args, attrs):
     return [np.ascontiguousarray(win)]
 
 
+def _full_like_run(args, attrs):
+    x = args[0]
+    dtype = np.dtype(attrs["dtype"].numpy) if attrs["dtype"] is not None else x.dtype
+    shape = getattr(x, "shape", np.shape(x))
+    return [np.full(shape, attrs["value"], dtype=dtype)]
+
+
 RUN = {
     "pad": _pad_run,
+    "full_like": _full_like_run,
     "unfold": _unfold_run,
     "take_along_axis": _take_along_run,
     "arange_like": lambda args, attrs: [

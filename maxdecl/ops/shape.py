@@ -17,7 +17,7 @@ from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
-           "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold"]
+           "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like"]
 
 
 def _reshape_rule(types, attrs):
@@ -264,6 +264,28 @@ def _unfold_rule(inputs, attrs):
     return [TensorType(x.dtype, (*shape, size))]
 
 
+def _full_like_rule(inputs, attrs):
+    (x,) = inputs
+    dtype = x.dtype if attrs["dtype"] is None else attrs["dtype"]
+    if x.is_quantized and attrs["dtype"] is None:
+        raise TypeError(f"full_like of packed blocks needs a dtype (got {x.type})")
+    v = attrs["value"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"value must be a number, got {v!r}")
+    if dtype != DType.bool and dtype.value.startswith(("int", "uint")) and v != int(v):
+        raise ValueError(f"value {v!r} is not a whole number for {dtype.value}")
+    return [TensorType(dtype, x.logical_shape if x.is_quantized else x.shape)]
+
+
+def _normalize_full(attrs):
+    if attrs["dtype"] is None:
+        return attrs
+    try:
+        return {**attrs, "dtype": DType.parse(attrs["dtype"])}
+    except Exception as e:  # noqa: BLE001 - a GraphError from DType.parse
+        raise ValueError(str(e)) from None
+
+
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
@@ -375,6 +397,13 @@ define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "st
        doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
            "x's values are not read",
        rule_doc="x rank >= 1; out int64 [x.shape[axis]]")
+define("full_like", rule=_full_like_rule, run="shape", attrs={"value": 0.0, "dtype": None},
+       normalize=_normalize_full, kind="shape",
+       doc="x's shape filled with value (torch.full_like; zeros_like with value 0): an "
+           "initial state or mask that never reads x's values, so inf or NaN in x stay out "
+           "(mul(x, 0.0) gives NaN for them)",
+       rule_doc="value a number (whole for an integer dtype); dtype: x's unless given; out: "
+                "x's shape")
 define("unfold", rule=_unfold_rule, run="shape", attrs={"axis": REQUIRED, "size": REQUIRED,
                                                         "step": 1}, kind="shape",
        doc="every window of `size` consecutive entries along axis, `step` apart, as a new "
@@ -710,4 +739,15 @@ def unfold():  # noqa: A001 - the signature comes from the definition
     Example::
 
         w = md.ops.unfold(x, axis=1, size=3)     # x: [b, L, c] -> [b, L - 2, c, 3]
+    """
+
+
+@public
+def full_like():  # noqa: A001 - the signature comes from the definition
+    """``x``'s shape filled with ``value`` in ``dtype`` (x's when None), as
+    ``torch.full_like``; x's values are never read.
+
+    Example::
+
+        h0 = md.ops.full_like(x, value=0.0)
     """

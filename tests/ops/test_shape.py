@@ -370,3 +370,18 @@ def test_unfold_sizes_symbolic_axes():
     short.output(md.ops.unfold(short.inputs[0], axis=0, size=3))
     with pytest.raises(md.GraphError, match="windows of 3 do not fit"):
         short.execute(np.ones(2, np.float32))
+
+
+def test_full_like_never_reads_the_values():
+    """torch.full_like: x's shape, its dtype or the one given; inf and NaN in x do not
+    leak in (mul(x, 0.0) would give NaN)."""
+    x = np.array([[np.inf, np.nan, -1.5]], np.float32)
+    zeros = run_op(md.ops.full_like, x)
+    sevens = run_op(lambda v: md.ops.full_like(v, value=7, dtype="int64"), x)
+    assert zeros.dtype == np.float32 and zeros.tolist() == [[0.0, 0.0, 0.0]]
+    assert sevens.dtype == np.int64 and sevens.tolist() == [[7, 7, 7]]
+    want = torch.full_like(torch.from_numpy(x), 2.5).numpy()
+    assert run_op(lambda v: md.ops.full_like(v, value=2.5), x).tobytes() == want.tobytes()
+    g = md.Graph("t", [md.TensorType("float32", ("n",))])
+    with pytest.raises(md.GraphError, match="not a whole number for int64"):
+        md.ops.full_like(g.inputs[0], value=0.5, dtype="int64")
