@@ -48,6 +48,15 @@ def test_op_reference_is_generated_from_the_definitions():
         "docs/ops.md is stale: python -m maxdecl ops > docs/ops.md"
 
 
+def test_op_reference_lists_every_spec_op():
+    """A new kind of op gets a section: every op a spec may use has its heading."""
+    from maxdecl.ops._registry import spec_ops
+
+    text = reference_markdown()
+    missing = [n for n in spec_ops() if f"### `{n}(" not in text]
+    assert not missing, f"ops missing from the reference (add their kind to _KINDS): {missing}"
+
+
 def test_maxdecl_ops_prints_the_reference():
     out = subprocess.run([sys.executable, "-m", "maxdecl", "ops"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)

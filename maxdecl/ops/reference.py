@@ -10,7 +10,8 @@ from ._registry import REGISTRY, REQUIRED
 _KINDS = [("elementwise", "Elementwise"), ("shape", "Shape"), ("reduction", "Reductions"),
           ("linalg", "Linear algebra"), ("norm", "Normalization"),
           ("transformer", "Transformer"), ("conv", "Convolution"), ("pool", "Pooling"),
-          ("resample", "Resampling"), ("ssm", "State-space")]
+          ("resample", "Resampling"), ("ssm", "State-space"), ("rnn", "Recurrent"),
+          ("fourier", "Fourier transforms")]
 
 
 def _attr(name, default) -> str:

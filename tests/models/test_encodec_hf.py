@@ -11,11 +11,13 @@ run on a batch of 2 waveforms:
   ``time_group_norm`` (a GroupNorm after every conv), symmetric (non-causal) padding
   with zeros, no conv shortcut, a 3-layer LSTM.
 
-The input length (100 samples) is no multiple of the hop (6), so every strided conv
-pads on the right. Compared: the encoder's output before quantization
+The waveform's length is a symbolic dim: one loaded model runs any length. The main
+input length (100 samples) is no multiple of the hop (6), so every strided conv pads on
+the right; ``test_any_input_length`` runs other lengths, multiples of the hop and not,
+on the same model. Compared: the encoder's output before quantization
 (``last_hidden_state``), the residual-VQ codes at a bandwidth that uses 3 of the 4
 codebooks (exactly), and the decoded audio (``audio_values`` of transformers' forward,
-decoded from those codes).
+decoded from those codes and cut to the input's length).
 """
 
 import json
@@ -92,9 +94,8 @@ def case(request, tmp_path_factory):
     return request.param, model, str(path), x, ref
 
 
-def load(path, samples=SAMPLES, bandwidth=BANDWIDTH):
+def load(path, bandwidth=BANDWIDTH):
     td = md.load_weights(path)
-    td.metadata["samples"] = samples
     td.metadata["bandwidth"] = bandwidth
     return md.load_model(SPEC, td)
 
@@ -112,16 +113,17 @@ def test_params_from_config(case, ours):
     cfg = hf.config
     got = {k: m.params[k] for k in ("audio_channels", "dim", "n_filters", "n_res", "ratios",
                                     "norm_type", "causal", "n_lstm", "codebook_size",
-                                    "n_q_total", "n_q", "frames", "hop", "normalize")}
+                                    "n_q_total", "n_q", "hop", "normalize")}
     assert got == {"audio_channels": cfg.audio_channels, "dim": cfg.hidden_size,
                    "n_filters": cfg.num_filters, "n_res": cfg.num_residual_layers,
                    "ratios": list(cfg.upsampling_ratios), "norm_type": cfg.norm_type,
                    "causal": cfg.use_causal_conv, "n_lstm": cfg.num_lstm_layers,
                    "codebook_size": cfg.codebook_size, "n_q_total": cfg.num_quantizers,
                    "n_q": hf.quantizer.get_num_quantizers_for_bandwidth(BANDWIDTH),
-                   "frames": -(-SAMPLES // cfg.hop_length), "hop": cfg.hop_length,
+                   "hop": cfg.hop_length,
                    "normalize": cfg.normalize}
     assert m.params["n_q"] == 3 and m.params["n_q_total"] == 4
+    assert "samples" not in m.params and "frames" not in m.params    # a dim, not a param
     assert m.output_names == ["last_hidden_state", "audio_codes", "audio_values"]
 
 
@@ -176,7 +178,7 @@ def test_lstm_matters(case):
     for key, out in ((f"encoder.layers.{k}.lstm.weight_hh_l{last}", "last_hidden_state"),
                      (f"decoder.layers.1.lstm.weight_hh_l{last}", "audio_values")):
         td = md.load_weights(path)
-        td.metadata.update(samples=SAMPLES, bandwidth=BANDWIDTH)
+        td.metadata.update(bandwidth=BANDWIDTH)
         td[key] = np.zeros_like(np.asarray(td[key]))
         m = md.load_model(SPEC, td)
         got = dict(zip(m.output_names, m(x)))
@@ -214,16 +216,50 @@ def test_chunked_checkpoints_are_refused(case, tmp_path):
         md.load_model(SPEC, str(d))
 
 
-@pytest.mark.xfail(strict=True, reason="no recurrent (LSTM) op: the LSTM is unrolled over "
-                   "`frames` steps, so a graph takes only the input length it was built for")
-def test_any_input_length(case, ours):
-    """What the full model does: one loaded model encodes and decodes a waveform of any
-    length (here 90 samples on a graph built for 100)."""
-    _, hf, _, x, _ = case
-    m, _ = ours
-    short = np.ascontiguousarray(x[:, :, :90])
+# multiples of the hop (6) and not, shorter and longer than the fixture's 100 samples;
+# at 1, 7 and 13 some of causal_wn's reflect pads are as long as their input (transformers
+# then appends zeros before it reflects)
+LENGTHS = (1, 7, 13, 25, 37, 90, 143, 240)
+
+
+def compare_length(name, hf, m, n, channels):
+    """Our outputs against transformers' for a new waveform of `n` samples."""
+    rng = np.random.default_rng(100 + n)
+    xn = rng.standard_normal((BATCH, channels, n)).astype(np.float32)
+    xn *= np.float32(0.5) + np.arange(BATCH, dtype=np.float32)[:, None, None]
     with torch.no_grad():
-        out = hf(torch.from_numpy(short), bandwidth=BANDWIDTH)
-    got = dict(zip(m.output_names, m(short)))
+        out = hf(torch.from_numpy(xn), bandwidth=BANDWIDTH)
+    emb = hf_embeddings(hf, xn)
+    got = dict(zip(m.output_names, m(xn)))
+    frames = -(-n // hf.config.hop_length)
+    assert got["last_hidden_state"].shape == emb.shape == (BATCH, hf.config.hidden_size, frames)
+    err_emb = rel_err(got["last_hidden_state"], emb)
+    assert got["audio_codes"].shape == out.audio_codes.shape[1:] == (BATCH, 3, frames)
     assert np.array_equal(got["audio_codes"], out.audio_codes.numpy()[0])
-    assert rel_err(got["audio_values"], out.audio_values.numpy()) <= TOL
+    assert got["audio_values"].shape == out.audio_values.shape == xn.shape
+    err_audio = rel_err(got["audio_values"], out.audio_values.numpy())
+    print(f"encodec {name} at {n} samples: embeddings {err_emb:.2e}, audio_values {err_audio:.2e}")
+    assert err_emb <= TOL
+    assert err_audio <= TOL
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_any_input_length(case, ours, n):
+    """What the full model does: one loaded model (the fixture's, which also ran 100
+    samples) encodes and decodes a waveform of any length, as transformers does. Each
+    length is a new draw, not a prefix of the fixture's input."""
+    name, hf, _, x, _ = case
+    m, _ = ours
+    compare_length(name, hf, m, n, x.shape[1])
+
+
+def test_any_input_length_symmetric_reflect(tmp_path):
+    """encodec_48khz's own padding (symmetric and reflect): the right pad grows with
+    `-L mod stride`, so which inputs are too short for a plain reflect depends on L."""
+    config = dict(CASES["sym_tgn"], pad_mode="reflect")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((BATCH, config["audio_channels"], SAMPLES)).astype(np.float32)
+    hf = make_encodec(config, x)
+    m = load(save_hf(hf, tmp_path))
+    for n in (1, 2, 5, 8, 11, 17, 29, SAMPLES):
+        compare_length("sym_reflect", hf, m, n, config["audio_channels"])
