@@ -62,6 +62,25 @@ def _as3d(x, k, s, d, p, outs):
     return x[:, None], (1, *k), (1, *s), (1, *d), (0, 0, *p), (1, *outs)
 
 
+def _as2d(x, attrs):
+    """A 1-D pool (NLC) as a height-1 2-D one: x [N, 1, L, C] and its attributes."""
+    k, s, d, p = window(attrs, 1)
+    pad = p if p == SAME else (0, 0, *p)
+    return x[:, None], {**attrs, "kernel_size": (1, *k), "stride": (1, *s),
+                        "dilation": (1, *d), "padding": pad}
+
+
+def _one_d(run):
+    """``run`` of a pool that also takes NLC input, through its 2-D kernel."""
+    def wrapped(args, attrs):
+        x = args[0]
+        if x.ndim != 3:
+            return run(args, attrs)
+        x2, attrs2 = _as2d(x, attrs)
+        return [o[:, 0] for o in run([x2], attrs2)]
+    return wrapped
+
+
 def _avg_run(args, attrs):
     x = args[0]
     win = _pool_window(x, attrs)
@@ -126,5 +145,6 @@ def _adaptive_run(kind):
     return run
 
 
-RUN = {"conv2d": _run(2), "conv3d": _run(3), "avg_pool": _avg_run, "max_pool": _max_run,
+RUN = {"conv2d": _run(2), "conv3d": _run(3), "avg_pool": _one_d(_avg_run),
+       "max_pool": _one_d(_max_run),
        "adaptive_avg_pool": _adaptive_run("avg"), "adaptive_max_pool": _adaptive_run("max")}

@@ -27,12 +27,12 @@ def _ints(value, what: str, least: int) -> tuple:
 
 
 def canon(value, what: str, least: int = 1):
-    """An int or one int per spatial dim (2 or 3 of them) -> the canonical form."""
+    """An int or one int per spatial dim (1 to 3 of them) -> the canonical form."""
     vals = _ints(value, what, least)
     if isinstance(value, int):
         return value
-    if len(vals) not in (2, 3):
-        raise ValueError(f"{what} must be an int or 2 or 3 ints (one per spatial dim), "
+    if len(vals) not in (1, 2, 3):
+        raise ValueError(f"{what} must be an int or 1 to 3 ints (one per spatial dim), "
                          f"got {value!r}")
     return vals
 
@@ -66,16 +66,17 @@ def same_out(size, stride):
 
 def canon_padding(value):
     """int (all sides), nd ints (before = after), 2*nd ints (before, after per dim), or
-    ``"same"`` (TF's SAME, sized from the input when the node runs)."""
+    ``"same"`` (TF's SAME, sized from the input when the node runs). One int in a list
+    is a 1-D window's (both sides); two are a 2-D window's, one per dim."""
     if is_same(value):
         return SAME
     vals = _ints(value, "padding", 0)
     if isinstance(value, int):
         return value
-    if len(vals) in (2, 3):
+    if len(vals) in (1, 2, 3):
         vals = tuple(v for p in vals for v in (p, p))
     elif len(vals) not in (4, 6):
-        raise ValueError(f"padding must be an int, 2 or 3 ints (one per spatial dim), 4 or "
+        raise ValueError(f"padding must be an int, 1 to 3 ints (one per spatial dim), 4 or "
                          f"6 ints (before, after per dim) or \"same\", got {value!r}")
     return vals
 

@@ -1,6 +1,7 @@
-"""Pooling on NHWC input, or NDHWC for 3-D pooling (the rank decides): ``avg_pool`` and
-``max_pool`` (MAX v24.4 layouts); ``adaptive_avg_pool`` and ``adaptive_max_pool`` also
-take NLC (1-D) input and give a fixed output size (torch's ``AdaptiveAvgPool*d``).
+"""Pooling on NHWC input, NDHWC for 3-D pooling or NLC for 1-D (the rank decides):
+``avg_pool`` and ``max_pool`` (MAX v24.4 layouts; torch's ``*_pool1d/2d/3d``), and
+``adaptive_avg_pool`` and ``adaptive_max_pool``, which give a fixed output size (torch's
+``AdaptiveAvgPool*d``).
 
 Attribute forms (canonicalised when the node is made; see ``_window``):
 
@@ -74,9 +75,9 @@ def _infer(name):
             _checks.float_input(x)
         elif x.dtype == DType.bool:
             raise TypeError(f"max_pool of a bool tensor: cast it first (got {x.type})")
-        if x.rank not in (4, 5):
-            raise ValueError(f"{name} needs NHWC (rank 4) or NDHWC (rank 5) input, got "
-                             f"{format_shape(x.shape)}")
+        if x.rank not in (3, 4, 5):
+            raise ValueError(f"{name} needs NLC (rank 3), NHWC (rank 4) or NDHWC (rank 5) "
+                             f"input, got {format_shape(x.shape)}")
         nd = x.rank - 2
         k, s, d, p = window(attrs, nd)
         if p == SAME:
@@ -96,17 +97,19 @@ def _infer(name):
 _POOL = {"kernel_size": REQUIRED, "stride": 1, "dilation": 1, "padding": 0, "ceil_mode": False}
 define("avg_pool", rule=_infer("avg_pool"), run="vision", attrs={**_POOL, "count_boundary": True},
        normalize=_normalize, kind="pool",
-       doc="average over windows of NHWC x (NDHWC: 3-D pooling)",
-       rule_doc="x float, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial dim; "
+       doc="average over windows of NHWC x (NDHWC: 3-D pooling, NLC: 1-D)",
+       rule_doc="x float, rank 3 (NLC), 4 (NHWC) or 5 (NDHWC); window attributes one per "
+                "spatial dim; "
                 "at least one window per spatial dim (with ceil_mode a kernel larger than "
                 "the input gives one, as torch)")
 define("max_pool", rule=_infer("max_pool"), run="vision",
        attrs={**_POOL, "return_indices": False}, normalize=_normalize, kind="pool",
        outputs=lambda n_inputs, attrs: 2 if attrs.get("return_indices") else 1,
        outputs_doc="out; with `return_indices` also int64 indices (`h * W + w` in each image)",
-       doc="maximum over windows of NHWC x (NDHWC: 3-D pooling); padding never wins",
-       rule_doc="x not bool, rank 4 (NHWC) or 5 (NDHWC); window attributes one per spatial "
-                "dim; padding at most half the effective kernel per side; at least one window "
+       doc="maximum over windows of NHWC x (NDHWC: 3-D pooling, NLC: 1-D); padding never "
+           "wins",
+       rule_doc="x not bool, rank 3 (NLC), 4 (NHWC) or 5 (NDHWC); window attributes one per "
+                "spatial dim; padding at most half the effective kernel per side; at least one window "
                 "per spatial dim (with ceil_mode a kernel larger than the input gives one)")
 
 

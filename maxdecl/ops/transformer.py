@@ -290,7 +290,10 @@ def masked_attention():  # noqa: A001 - the signature comes from the definition
     1, T]``); a bool mask says which keys each query may see (True: may). ``causal``,
     ``sliding_window``, ``alibi_slopes`` and ``softcap`` apply as in ``attention``
     (``causal`` defaults to True: set it false for an encoder). A query that sees no key
-    gives zeros (torch gives NaN). ``sinks`` (after ``kv_cache``) as in ``attention``.
+    (every key False, -inf, or outside the causal or window mask) gives zeros (torch
+    gives NaN); a large finite negative mask (transformers' ``finfo.min``) still counts
+    as seen, so a query whose keys all get it averages them as torch does. ``sinks``
+    (after ``kv_cache``) as in ``attention``.
     Runs a plain float32 path, not the fused attention kernels, and refuses a batched
     step (``rows=``: the mask cannot be cut per sequence).
     """

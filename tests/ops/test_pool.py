@@ -104,8 +104,8 @@ def test_pool_attribute_forms():
     assert window(a.node.attrs, 2) == window(b.node.attrs, 2) == ((3, 3), (2, 2), (1, 1),
                                                                  (1, 1, 1, 1))
     assert a.shape == b.shape == (1, 5, 5, 2)
-    with pytest.raises(md.GraphError, match=r"NHWC \(rank 4\) or NDHWC \(rank 5\) input"):
-        md.ops.max_pool(md.ops.reshape(g.inputs[0], (9, 9, 2)), 2)
+    with pytest.raises(md.GraphError, match=r"NLC \(rank 3\), NHWC \(rank 4\) or NDHWC"):
+        md.ops.max_pool(md.ops.reshape(g.inputs[0], (81, 2)), 2)
 
 
 @pytest.mark.parametrize("h, w, k, s", [(7, 8, 3, 2), (9, 6, 4, 2), (5, 5, 3, 1), (4, 7, 2, 3)])
@@ -179,3 +179,20 @@ def test_adaptive_pools_refuse_what_torch_refuses(shape, dtype, attrs, fragment)
     op = md.ops.adaptive_max_pool if dtype == "bool" else md.ops.adaptive_avg_pool
     with pytest.raises(md.GraphError, match=fragment or "bool"):
         op(g.inputs[0], **attrs)
+
+
+@pytest.mark.parametrize("k, s, p, ceil", [(3, 2, 1, False), (4, 1, 2, True), (2, 2, 0, False),
+                                           (5, 3, 2, True)])
+def test_one_d_pools_match_torch(k, s, p, ceil, rng):
+    """NLC input: torch's avg_pool1d / max_pool1d (with indices), window attributes as
+    ints or one-element lists."""
+    x = rng.standard_normal((2, 11, 3)).astype(np.float32)
+    avg, mx, idx = run_op(lambda v: (
+        md.ops.avg_pool(v, k, stride=[s], padding=[p], ceil_mode=ceil),
+        *md.ops.max_pool(v, k, stride=s, padding=p, ceil_mode=ceil, return_indices=True)), x)
+    t = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))
+    want_max, want_idx = F.max_pool1d(t, k, s, p, ceil_mode=ceil, return_indices=True)
+    close(avg, np.moveaxis(F.avg_pool1d(t, k, s, p, ceil_mode=ceil).numpy(), 1, -1),
+          atol=1e-6)
+    close(mx, np.moveaxis(want_max.numpy(), 1, -1), atol=0, rtol=0)
+    np.testing.assert_array_equal(idx, np.moveaxis(want_idx.numpy(), 1, -1))

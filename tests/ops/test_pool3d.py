@@ -136,7 +136,7 @@ def test_window_lengths_must_match_the_rank():
         md.ops.avg_pool(vol, (2, 2))
     with pytest.raises(md.GraphError, match=r"padding \(1, 1, 1, 1\) has 4 values for 3 spatial"):
         md.ops.max_pool(vol, 3, padding=(1, 1))
-    with pytest.raises(md.GraphError, match=r"kernel_size must be an int or 2 or 3 ints"):
+    with pytest.raises(md.GraphError, match=r"kernel_size must be an int or 1 to 3 ints"):
         md.ops.max_pool(vol, (2, 2, 2, 2))
     y, idx = md.ops.max_pool(vol, (1, 2, 2), stride=(1, 2, 2), padding=(0, 1, 1),
                              return_indices=True)
