@@ -622,8 +622,8 @@ def take_along_axis():  # noqa: A001 - the signature comes from the definition
     ``out[..., j, ...] = x[..., indices[..., j, ...], ...]`` along ``axis``: each
     position of the other axes picks its own entries (the router weights of the experts
     a token chose: ``take_along_axis(probs [seq, E], ids [seq, k], axis: 1)`` gives
-    ``[seq, k]``). indices has x's rank; its other axes broadcast against x's (size 1
-    or equal). Negative indices count from the end; out-of-range ones fail at run time.
+    ``[seq, k]``). indices has x's rank; its other axes and x's broadcast against each
+    other (size 1 or equal), as in NumPy. Negative indices count from the end; out-of-range ones fail at run time.
     """
 
 
