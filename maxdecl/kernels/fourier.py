@@ -21,7 +21,7 @@ def _fft_run(args, attrs):
 
 def _rfft_run(args, attrs):
     x = np.asarray(args[0], np.float32)
-    return _parts(np.fft.rfft(x, axis=attrs["axis"], norm=attrs["norm"]))
+    return _parts(np.fft.rfft(x, n=attrs["n"], axis=attrs["axis"], norm=attrs["norm"]))
 
 
 def _irfft_run(args, attrs):

@@ -68,8 +68,11 @@ def _rfft_rule(types, attrs):
     _float32((x, "x"))
     _norm(attrs)
     axis = _checks.valid_axis(attrs["axis"], x.rank)
+    n = attrs["n"]
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"n must be a positive int, got {n!r}")
     shape = list(x.shape)
-    shape[axis] = _half(shape[axis])
+    shape[axis] = _half(shape[axis] if n is None else n)
     out = TensorType(DType.float32, tuple(shape))
     return [out, out]
 
@@ -107,17 +110,20 @@ define("fft", rule=_fft_rule, run="fourier", inputs=("re",), optional=("im",),
        rule_doc="re, im float32 of one shape; axes distinct and in range; out: re's type, "
                 "twice")
 define("rfft", rule=_rfft_rule, run="fourier", inputs=("x",),
-       attrs={"axis": -1, "norm": "backward"}, kind="fourier", outputs=2,
+       attrs={"axis": -1, "n": None, "norm": "backward"}, kind="fourier", outputs=2,
        outputs_doc="re, im of frequencies 0 .. n // 2",
        doc="discrete Fourier transform of real x along axis, the non-negative frequencies "
-           "only (numpy.fft.rfft, torch.fft.rfft)",
-       rule_doc="x float32; out: x's type with axis n // 2 + 1 long, twice")
+           "only (numpy.fft.rfft, torch.fft.rfft); `n` pads x with zeros or cuts it to "
+           "that length first (default: the axis's); norm backward, ortho or forward",
+       rule_doc="x float32; n None or a positive int; out: x's type with axis n // 2 + 1 "
+                "long, twice")
 define("irfft", rule=_irfft_rule, run="fourier", inputs=("re", "im"),
        attrs={"axis": -1, "n": None, "norm": "backward"}, kind="fourier",
        doc="the real signal of length n whose rfft is re + i im along axis "
-           "(numpy.fft.irfft, torch.fft.irfft); n defaults to 2 * (m - 1)",
+           "(numpy.fft.irfft, torch.fft.irfft); n defaults to 2 * (m - 1), always even, so "
+           "give n for an odd length; norm backward, ortho or forward",
        rule_doc="re, im float32 of one shape; n a positive int (needed when the axis is "
-                "symbolic); out: the axis n long")
+                "symbolic or the length odd); out: the axis n long")
 
 
 @public

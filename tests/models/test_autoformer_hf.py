@@ -3,14 +3,16 @@
 Small seeded float32 Autoformers, run once with teacher forcing (future_values given),
 in eval mode: the scaler (mean, std), lagged inputs, static categorical and real
 features, time features, the auto-correlation attention (circular cross-correlation
-of queries and keys, the top-k delays, the values rolled by each delay), the
-moving-average series decomposition in every block, the decoder's trend accumulation
-(circular Conv1d) and the Student-t head (transformers' `params`: df, loc, scale).
+of queries and keys by rfft / irfft, the top-k delays, the values rolled by each
+delay), the moving-average series decomposition in every block, the decoder's trend
+accumulation (circular Conv1d) and the Student-t head (transformers' `params`: df,
+loc, scale).
 
 Two configurations cover both resize paths of the decoder's cross-correlation: a
 decoder shorter than the context (keys and values cut) and a longer one (keys and
 values zero-filled, queries cut), and a batch of two, where transformers pairs value
-row b * heads + h with the delays of batch entry (b * heads + h) mod batch.
+row b * heads + h with the delays of batch entry (b * heads + h) mod batch. A longer
+case (context 48, prediction 24) runs the FFT auto-correlation over 48 and 37 rows.
 """
 
 import numpy as np
@@ -51,6 +53,14 @@ CASES = {
                 decoder_attention_heads=1, encoder_layers=1, decoder_layers=1,
                 encoder_ffn_dim=24, decoder_ffn_dim=20, moving_average=3,
                 autocorrelation_factor=2),
+    # a longer context (48) and horizon (24): decoder 13 + 24 = 37 rows, an odd FFT
+    # length, cut from the context's 48 keys and values; 7 delays of 48 and of 37
+    "ctx48": dict(prediction_length=24, context_length=48, label_length=13,
+                  lags_sequence=[1, 7, 24], num_time_features=2, num_static_real_features=1,
+                  num_static_categorical_features=1, cardinality=[4], embedding_dimension=[2],
+                  d_model=16, encoder_attention_heads=2, decoder_attention_heads=2,
+                  encoder_layers=2, decoder_layers=1, encoder_ffn_dim=24, decoder_ffn_dim=20,
+                  moving_average=25, autocorrelation_factor=2),
 }
 
 
@@ -186,6 +196,17 @@ def test_autoformer_no_scaling_batch_of_three_matches_hf(tmp_path_factory):
     ours = md.load_model(spec_path("autoformer"), path)
     assert ours.params["scaler"] == "none"
     assert_all_match("nop, batch 3", ours_outputs(ours, d), ref)
+
+
+def test_autoformer_long_context_matches_hf(tmp_path_factory):
+    """context_length 48, prediction_length 24: the auto-correlation's FFT over 48
+    (encoder) and 37 (decoder, odd) rows, 7 delays each, a 25-step moving average."""
+    model, path, d, ref = case("ctx48", tmp_path_factory)
+    ours = md.load_model(spec_path("autoformer"), path)
+    p = ours.params
+    assert (p["context_length"], p["prediction_length"], p["dec_length"]) == (48, 24, 37)
+    assert (p["enc_top_k"], p["dec_top_k"]) == (7, 7)
+    assert_all_match("ctx48", ours_outputs(ours, d), ref)
 
 
 def test_autoformer_batch_rows_follow_hf(short, ours_short):

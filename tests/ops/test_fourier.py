@@ -70,3 +70,13 @@ def test_bad_transforms_are_refused(make, fragment):
     g = md.Graph("t", [md.TensorType("float32", (4, 6))])
     with pytest.raises(md.GraphError, match=fragment):
         make(g.inputs[0])
+
+
+@pytest.mark.parametrize("n", [5, 12])
+def test_rfft_n_pads_or_cuts_like_torch(n, rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    re, im = run_op(lambda a: md.ops.rfft(a, n=n), x)
+    want = torch.fft.rfft(torch.from_numpy(x), n=n)
+    assert re.shape == (2, n // 2 + 1)
+    close(re, want.real.numpy(), atol=2e-5)
+    close(im, want.imag.numpy(), atol=2e-5)
