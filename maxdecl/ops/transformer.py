@@ -289,7 +289,9 @@ def masked_attention():  # noqa: A001 - the signature comes from the definition
     relative position bias ``[heads, S, T]``, a padding mask of 0 and -inf ``[batch, 1,
     1, T]``); a bool mask says which keys each query may see (True: may). ``causal``,
     ``sliding_window``, ``alibi_slopes`` and ``softcap`` apply as in ``attention``
-    (``causal`` defaults to True: set it false for an encoder). A query that sees no key
+    (``causal`` defaults to True: set it false for an encoder); a key must pass the mask
+    and the causal and window rules both, so a band plus a few global keys (Longformer)
+    is a mask alone, without ``sliding_window``. A query that sees no key
     (every key False, -inf, or outside the causal or window mask) gives zeros (torch
     gives NaN); a large finite negative mask (transformers' ``finfo.min``) still counts
     as seen, so a query whose keys all get it averages them as torch does. ``sinks``
