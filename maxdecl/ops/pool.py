@@ -66,18 +66,24 @@ def _max_padding_check(k, d, p) -> None:
                              f"most {eff // 2} per side, as in torch")
 
 
+def _check_pool_input(name: str, x) -> None:
+    """A pool's x: not packed or bfloat16, float for an average, not bool for a maximum,
+    rank 3, 4 or 5 (channels last)."""
+    _checks.not_quantized(x)
+    _checks.no_bfloat16(x)
+    if "avg" in name:
+        _checks.float_input(x)
+    elif x.dtype == DType.bool:
+        raise TypeError(f"{name} of a bool tensor: cast it first (got {x.type})")
+    if x.rank not in (3, 4, 5):
+        raise ValueError(f"{name} needs NLC (rank 3), NHWC (rank 4) or NDHWC (rank 5) "
+                         f"input, got {format_shape(x.shape)}")
+
+
 def _infer(name):
     def infer(inputs, attrs):
         (x,) = inputs
-        _checks.not_quantized(x)
-        _checks.no_bfloat16(x)
-        if name == "avg_pool":
-            _checks.float_input(x)
-        elif x.dtype == DType.bool:
-            raise TypeError(f"max_pool of a bool tensor: cast it first (got {x.type})")
-        if x.rank not in (3, 4, 5):
-            raise ValueError(f"{name} needs NLC (rank 3), NHWC (rank 4) or NDHWC (rank 5) "
-                             f"input, got {format_shape(x.shape)}")
+        _check_pool_input(name, x)
         nd = x.rank - 2
         k, s, d, p = window(attrs, nd)
         if p == SAME:
@@ -136,15 +142,7 @@ def adaptive_sizes(attrs, spatial: tuple) -> tuple:
 def _adaptive_infer(name):
     def infer(inputs, attrs):
         (x,) = inputs
-        _checks.not_quantized(x)
-        _checks.no_bfloat16(x)
-        if name == "adaptive_avg_pool":
-            _checks.float_input(x)
-        elif x.dtype == DType.bool:
-            raise TypeError(f"{name} of a bool tensor: cast it first (got {x.type})")
-        if x.rank not in (3, 4, 5):
-            raise ValueError(f"{name} needs NLC (rank 3), NHWC (rank 4) or NDHWC (rank 5) "
-                             f"input, got {format_shape(x.shape)}")
+        _check_pool_input(name, x)
         for d in x.shape[1:-1]:
             if isinstance(d, int) and d == 0:
                 raise ValueError(f"{name} of an empty spatial dim: {format_shape(x.shape)}")

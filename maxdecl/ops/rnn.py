@@ -66,23 +66,23 @@ def _rule(kind):
     return rule
 
 
-define("lstm", rule=_rule("lstm"), run="rnn", inputs=("x", "w_ih", "w_hh", "b_ih", "b_hh"),
-       optional=("state",), kind="rnn", outputs=lambda n, attrs: 2 if n >= 6 else 1,
-       sequence_axis=-2, sequence_inputs=("x",), state={"state": 1},
-       outputs_doc="h at every step; with `state` also the new state (h and c stacked)",
-       doc="one LSTM layer over seq with torch.nn.LSTM's weights (gates i, f, g, o): "
-           "c = f * c + i * g, h = o * tanh(c); h and c from state (zeros without it)",
-       rule_doc="x float32 [..., seq, I]; w_ih [4H, I], w_hh [4H, H]; b_ih, b_hh [4H] or "
-                "0.0; state [..., 2, H] -> h [..., seq, H] (and the new state)")
-define("gru", rule=_rule("gru"), run="rnn", inputs=("x", "w_ih", "w_hh", "b_ih", "b_hh"),
-       optional=("state",), kind="rnn", outputs=lambda n, attrs: 2 if n >= 6 else 1,
-       sequence_axis=-2, sequence_inputs=("x",), state={"state": 1},
-       outputs_doc="h at every step; with `state` also the new state",
-       doc="one GRU layer over seq with torch.nn.GRU's weights (gates r, z, n): "
-           "n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h = (1 - z) * n + z * h; h "
-           "from state (zeros without it)",
-       rule_doc="x float32 [..., seq, I]; w_ih [3H, I], w_hh [3H, H]; b_ih, b_hh [3H] or "
-                "0.0; state [..., H] -> h [..., seq, H] (and the new state)")
+_DOCS = {
+    "lstm": ("one LSTM layer over seq with torch.nn.LSTM's weights (gates i, f, g, o): "
+             "c = f * c + i * g, h = o * tanh(c); h and c from state (zeros without it)",
+             "state [..., 2, H]", " (h and c stacked)"),
+    "gru": ("one GRU layer over seq with torch.nn.GRU's weights (gates r, z, n): "
+            "n = tanh(W_in x + b_in + r * (W_hn h + b_hn)), h = (1 - z) * n + z * h; h "
+            "from state (zeros without it)", "state [..., H]", ""),
+}
+for _kind, (_doc, _state, _stacked) in _DOCS.items():
+    _g = _GATES[_kind]
+    define(_kind, rule=_rule(_kind), run="rnn", inputs=("x", "w_ih", "w_hh", "b_ih", "b_hh"),
+           optional=("state",), kind="rnn", outputs=lambda n, attrs: 2 if n >= 6 else 1,
+           sequence_axis=-2, sequence_inputs=("x",), state={"state": 1},
+           outputs_doc=f"h at every step; with `state` also the new state{_stacked}",
+           doc=_doc,
+           rule_doc=f"x float32 [..., seq, I]; w_ih [{_g}H, I], w_hh [{_g}H, H]; b_ih, b_hh "
+                    f"[{_g}H] or 0.0; {_state} -> h [..., seq, H] (and the new state)")
 
 
 @public
