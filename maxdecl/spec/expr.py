@@ -167,10 +167,24 @@ def _zip(*lists):
     return [list(t) for t in zip(*lists)]
 
 
+def _make_divisible(v, divisor, min_value=None):
+    """The channel count rule of MobileNet, MobileViT and EfficientNet (transformers'
+    ``make_divisible``): ``v`` rounded to the nearest multiple of ``divisor`` (at least
+    ``min_value``, default ``divisor``), one ``divisor`` more if that lost over 10%."""
+    nums = (v, divisor) + (() if min_value is None else (min_value,))
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in nums) \
+            or divisor <= 0:
+        raise ExprError(f"make_divisible takes numbers and a positive divisor, got "
+                        f"{v!r}, {divisor!r}")
+    low = divisor if min_value is None else min_value
+    out = max(low, int(v + divisor / 2) // divisor * divisor)
+    return int(out + divisor if out < 0.9 * v else out)
+
+
 CONSTANTS = {"pi": math.pi}   # names every expression sees (a param cannot take them)
 
 FUNCTIONS = {
-    "range": _range, "zip": _zip, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
+    "range": _range, "zip": _zip, "make_divisible": _make_divisible, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,

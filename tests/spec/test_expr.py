@@ -47,6 +47,9 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("2 * pi", 2 * math.pi),
     ("[d % h == 0 for d, h in zip([64, 96], [8, 5])]", [True, False]),
     ("zip(sizes, 'ab', range(9))", [[1, "a", 0], [2, "b", 1]]),
+    ("[make_divisible(c, 8) for c in [3, 16 * 0.25, 32 * 0.75, 100, 1000 * 1.4]]",
+     [8, 8, 24, 104, 1400]),
+    ("make_divisible(10, 8, 16)", 16),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
@@ -81,6 +84,7 @@ def test_evaluates(text, want):
     ("float32(1e300)", "out of float32's range"),
     ("float32('a')", "float32 takes a number"),
     ("zip(dim)", "zip takes lists"),
+    ("make_divisible(8, 0)", "positive divisor"),
     ("[pi for pi in sizes]", "cannot bind the constant 'pi'"),
 ])
 def test_refuses(text, fragment):
