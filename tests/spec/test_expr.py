@@ -129,3 +129,11 @@ def test_alibi_slopes_match_mpt(n_heads):
     assert len(got) == n_heads
     assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(got, want))
     assert evaluate("alibi_slopes(n_heads, 8)", ENV) == alibi_slopes(32, 8)
+
+
+def test_make_divisible_is_transformers_rule():
+    hf = pytest.importorskip("transformers.models.mobilevit.modeling_mobilevit")
+    for v in [1, 3, 7.5, 12, 16 * 0.25, 32 * 0.75, 57.6, 100, 250.5, 1000 * 1.4]:
+        for d, low in [(8, None), (4, None), (8, 16)]:
+            assert evaluate(f"make_divisible({v}, {d}, {low})", {}) == \
+                hf.make_divisible(v, d, low), (v, d, low)
