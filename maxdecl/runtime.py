@@ -346,7 +346,8 @@ def _fold_weight_casts(nodes, bound: dict) -> tuple[list, list]:
     return left, folded
 
 
-FOLD_MAX_BYTES = 16 << 20   # a constant-only value up to this size is computed once
+FOLD_MAX_BYTES = 16 << 20     # a constant-only value up to this size is computed once
+FOLD_TOTAL_BYTES = 256 << 20  # and at most this much of them per compiled graph
 
 
 def _read_only(a):
@@ -372,19 +373,22 @@ def _fold_constants(nodes, outputs) -> tuple[list, list]:
     spec builds from its params: a DFT matrix, relative-position buckets, ALiBi slopes)
     run once here, by their ops' own runtimes, instead of on every call. Only built-in
     row-wise ops fold (a user's custom op may not be pure), only values with static
-    shapes of at most ``FOLD_MAX_BYTES``, never a graph output (a caller may write into
-    what it gets). The values that later nodes read are kept, read-only."""
+    shapes of at most ``FOLD_MAX_BYTES`` (``FOLD_TOTAL_BYTES`` in all), never a graph
+    output (a caller may write into what it gets). The values that later nodes read are
+    kept, read-only."""
     known: dict[int, np.ndarray] = {}
-    left, done = [], []
+    left, done, total = [], [], 0.0
     for n in nodes:
         opdef = _registry.get(n.op)
+        size = sum(_static_bytes(o.type) for o in n.outputs)
         foldable = (isinstance(opdef.run, str) and opdef.sequence_axis is None
                     and all(id(x) in known for x in n.inputs)
-                    and sum(_static_bytes(o.type) for o in n.outputs) <= FOLD_MAX_BYTES
+                    and size <= FOLD_MAX_BYTES and total + size <= FOLD_TOTAL_BYTES
                     and not any(o is x for o in n.outputs for x in outputs))
         if not foldable:
             left.append(n)
             continue
+        total += size
         try:
             outs = opdef.runner()([known[id(x)] for x in n.inputs], _run_attrs(n))
         except MaxdeclError as e:

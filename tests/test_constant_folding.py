@@ -78,8 +78,9 @@ def test_custom_ops_are_not_folded():
         md.ops.unregister_custom("fold_probe_counter")
 
 
-def test_values_over_the_size_limit_are_not_kept(monkeypatch):
-    monkeypatch.setattr(runtime, "FOLD_MAX_BYTES", 100)
+@pytest.mark.parametrize("limit", ["FOLD_MAX_BYTES", "FOLD_TOTAL_BYTES"])
+def test_values_over_the_size_limit_are_not_kept(monkeypatch, limit):
+    monkeypatch.setattr(runtime, limit, 100)
     run = md.compile(_dft_graph())                      # the 8 x 8 table is 256 bytes
     assert "cos" in [run._nodes[s.nodes[0]].op for s in run.steps]
     x = np.ones((1, 8), np.float32)
