@@ -140,8 +140,19 @@ def _full_like_run(args, attrs):
     return [np.full(shape, attrs["value"], dtype=dtype)]
 
 
+def _pad_to_multiple_run(args, attrs):
+    (x,) = args
+    width = [(0, 0)] * x.ndim
+    for axis, m in zip(attrs["axes"], attrs["multiples"]):
+        width[axis] = (0, (-x.shape[axis]) % m)
+    if not any(after for _, after in width):
+        return [x]
+    return [np.pad(x, width, constant_values=np.asarray(attrs["value"]).astype(x.dtype))]
+
+
 RUN = {
     "pad": _pad_run,
+    "pad_to_multiple": _pad_to_multiple_run,
     "full_like": _full_like_run,
     "unfold": _unfold_run,
     "take_along_axis": _take_along_run,

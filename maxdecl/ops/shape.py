@@ -17,7 +17,8 @@ from ._registry import REQUIRED, define, public
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
-           "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like"]
+           "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like",
+           "pad_to_multiple"]
 
 
 def _reshape_rule(types, attrs):
@@ -335,6 +336,49 @@ def _pad_rule(inputs, attrs):
     return [TensorType(x.dtype, tuple(shape))]
 
 
+def _normalize_multiple(a):
+    m = a["multiples"]
+    m = (m,) if isinstance(m, int) and not isinstance(m, bool) else tuple(m)
+    if not m or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in m):
+        raise ValueError(f"multiples must be positive ints, one per axis, got "
+                         f"{a['multiples']!r}")
+    axes = a["axes"]
+    axes = tuple(range(-len(m), 0)) if axes is None else (
+        (axes,) if isinstance(axes, int) and not isinstance(axes, bool) else tuple(axes))
+    if len(axes) != len(m) or any(isinstance(x, bool) or not isinstance(x, int) for x in axes):
+        raise ValueError(f"{len(m)} multiples need {len(m)} axes, got {a['axes']!r}")
+    value = a["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"value must be a number, got {value!r}")
+    return {**a, "multiples": m, "axes": axes, "value": float(value)}
+
+
+def padded_to(d, m: int):
+    """An axis of size ``d`` padded up to a multiple of ``m`` (a symbolic one: ``m`` times
+    the opaque count of blocks, which a reshape by ``m`` divides back out)."""
+    if m == 1:
+        return d
+    if isinstance(d, int):
+        return -(-d // m) * m
+    from .conv import window_out
+
+    return dims.mul(m, window_out(d, 1, m, 1, 0, m - 1))
+
+
+def _pad_to_multiple_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    shape = list(x.shape)
+    seen = set()
+    for axis, m in zip(attrs["axes"], attrs["multiples"]):
+        ax = _checks.valid_axis(axis, x.rank)
+        if ax in seen:
+            raise ValueError(f"axis {axis} given twice")
+        seen.add(ax)
+        shape[ax] = padded_to(shape[ax], m)
+    return [TensorType(x.dtype, tuple(shape))]
+
+
 def _tile_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -418,6 +462,15 @@ define("pad", rule=_pad_rule, run="shape",
            "(torch.nn.functional.pad; np.pad)",
        rule_doc="pads: (before, after) non-negative per axis (axes default: the last ones); "
                 "out: those axes longer by before + after")
+define("pad_to_multiple", rule=_pad_to_multiple_rule, run="shape",
+       attrs={"multiples": REQUIRED, "axes": None, "value": 0.0},
+       normalize=_normalize_multiple, kind="shape",
+       doc="x padded at the end of each axis with value up to the next multiple of its "
+           "multiple (transformers' Swin and FocalNet padding of a map to whole windows or "
+           "patches, EnCodec's to whole strides); an axis already a multiple is unchanged",
+       rule_doc="multiples positive ints, one per axis (axes default: the last ones); out: "
+                "each axis rounded up to its multiple (a symbolic one: multiple times an "
+                "opaque block count)")
 define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="shape",
        normalize=_tile_repeats,
        doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
@@ -750,4 +803,17 @@ def full_like():  # noqa: A001 - the signature comes from the definition
     Example::
 
         h0 = md.ops.full_like(x, value=0.0)
+    """
+
+
+@public
+def pad_to_multiple():  # noqa: A001 - the signature comes from the definition
+    """``x`` padded with ``value`` at the end of each of ``axes`` up to the next multiple
+    of its entry in ``multiples``: transformers' right and bottom padding of a Swin or
+    FocalNet map to whole windows or patches. A symbolic axis of size ``h`` becomes
+    ``m * win(h,...)``, which a ``reshape`` to ``[..., -1, m, ...]`` splits back.
+
+    Example::
+
+        y = md.ops.pad_to_multiple(x, multiples=(7, 7), axes=(1, 2))   # NHWC
     """

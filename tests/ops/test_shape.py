@@ -385,3 +385,35 @@ def test_full_like_never_reads_the_values():
     g = md.Graph("t", [md.TensorType("float32", ("n",))])
     with pytest.raises(md.GraphError, match="not a whole number for int64"):
         md.ops.full_like(g.inputs[0], value=0.5, dtype="int64")
+
+
+@pytest.mark.parametrize("shape, multiples, axes", [((2, 9, 14, 3), (7, 7), (1, 2)),
+                                                     ((5, 8), 4, None), ((1, 10), (3,), (1,))])
+def test_pad_to_multiple_matches_torch(shape, multiples, axes, rng):
+    """Zeros (or value) after each axis up to its multiple, as Swin's F.pad(0, pad_r,
+    0, pad_b); an axis already a multiple is unchanged."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    out = run_op(lambda v: md.ops.pad_to_multiple(v, multiples=multiples, axes=axes,
+                                                  value=-2.0), x)
+    ms = (multiples,) if isinstance(multiples, int) else multiples
+    ax = axes or tuple(range(-len(ms), 0))
+    width = [0] * (2 * x.ndim)
+    for a, m in zip(ax, ms):
+        a %= x.ndim
+        width[2 * (x.ndim - 1 - a) + 1] = (-x.shape[a]) % m
+    want = torch.nn.functional.pad(torch.from_numpy(x), width, value=-2.0).numpy()
+    assert out.shape == want.shape and out.tobytes() == want.tobytes()
+
+
+def test_pad_to_multiple_splits_symbolic_maps_into_windows():
+    """A symbolic [n, h, w, c] map padded to whole 7x7 windows is cut into them by
+    unflatten (Swin's window partition at any image size)."""
+    g = md.Graph("t", [md.TensorType("float32", ("n", "h", "w", 3))])
+    y = md.ops.pad_to_multiple(g.inputs[0], multiples=(7, 7), axes=(1, 2))
+    z = md.ops.unflatten(md.ops.unflatten(y, axis=1, sizes=[-1, 7]), axis=3, sizes=[-1, 7])
+    win = md.ops.reshape(md.ops.transpose(z, perm=[0, 1, 3, 2, 4, 5]), shape=[-1, 49, 3])
+    g.output(win)
+    for h, w in [(9, 14), (7, 7), (1, 20)]:
+        (out,) = g.execute(np.ones((2, h, w, 3), np.float32))
+        assert out.shape == (2 * -(-h // 7) * -(-w // 7), 49, 3)
+        assert out.sum() == 2 * h * w * 3
