@@ -143,7 +143,20 @@ def _gemv_group(ws, attrs):
     return prepared
 
 
+def einsum(args, attrs):
+    """``numpy.einsum`` with its contraction order; float16 is summed in float32 (as
+    torch on CPU). A fresh C-order array: never a view of an input."""
+    dtype = args[0].dtype
+    xs = [a.astype(np.float32) for a in args] if dtype == np.float16 else args
+    out = np.asarray(np.einsum(attrs["equation"], *xs, optimize=True))
+    if (out.dtype != dtype or not out.flags.c_contiguous
+            or any(np.may_share_memory(out, a) for a in args)):
+        return [np.array(out, dtype=dtype, order="C")]      # ascontiguousarray: 0-d -> 1-d
+    return [out]
+
+
 RUN = {
+    "einsum": einsum,
     "matmul": lambda args, attrs: [np.asarray(np.matmul(args[0], args[1]))],
     "qmatmul": lambda args, attrs: [qmatmul(args[0], args[1])],
     "linear": _linear,
