@@ -117,6 +117,7 @@ RUN = {
     "floor": _unary(np.floor), "ceil": _unary(np.ceil), "round": _unary(np.rint),
     "sign": _unary(np.sign), "log2": _unary(np.log2), "log10": _unary(np.log10),
     "exp2": _unary(np.exp2), "tan": _unary(np.tan), "atan": _unary(np.arctan),
+    "logsigmoid": _unary(lambda x: np.negative(np.logaddexp(x.dtype.type(0), -x))),
     "relu": _unary(_relu),
     "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),

@@ -47,6 +47,12 @@ def _cumsum_run(args, attrs):
     return [np.cumsum(x, axis=attrs["axis"], dtype=acc).astype(x.dtype, copy=False)]
 
 
+def _cummax_run(args, attrs):
+    x = args[0]
+    out = np.maximum.accumulate(x, axis=attrs["axis"])    # a NaN propagates, as in torch
+    return [np.asarray(out, dtype=x.dtype)]
+
+
 def _softmax_run(args, attrs):
     x = args[0]
     axis = attrs["axis"] % x.ndim
@@ -57,4 +63,4 @@ def _softmax_run(args, attrs):
 
 RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "min": _min_run,
        "argmax": _argmax_run,
-       "cumsum": _cumsum_run, "softmax": _softmax_run}
+       "cumsum": _cumsum_run, "cummax": _cummax_run, "softmax": _softmax_run}

@@ -13,7 +13,7 @@ from ..dtypes import DType, TensorType
 from . import _checks
 from ._registry import define, public
 
-__all__ = ["sum", "mean", "max", "min", "argmax", "cumsum", "softmax"]
+__all__ = ["sum", "mean", "max", "min", "argmax", "cumsum", "cummax", "softmax"]
 
 
 def _normalize_axis(attrs):
@@ -119,17 +119,26 @@ def argmax():  # noqa: A001 - the signature comes from the definition
 
 
 # -- cumsum -----------------------------------------------------------------------------
-def _cumsum_rule(inputs, attrs):
-    (x,) = inputs
-    _summable(x, "cumsum")
-    _checks.valid_axis(attrs["axis"], x.rank)
-    return [x.type]
+def _running_rule(name):
+    def rule(inputs, attrs):
+        (x,) = inputs
+        _summable(x, name)
+        _checks.valid_axis(attrs["axis"], x.rank)
+        return [x.type]
+    return rule
 
 
-define("cumsum", rule=_cumsum_rule, run="reduction", attrs={"axis": -1}, kind="reduction",
+define("cumsum", rule=_running_rule("cumsum"), run="reduction", attrs={"axis": -1}, kind="reduction",
        normalize=lambda a: {**a, "axis": int(a["axis"])},
        doc="running sum along axis, first element first (torch.cumsum, np.cumsum); float "
            "sums accumulate in float32, integer sums keep the dtype",
+       rule_doc="x not bool; out: the type of x")
+
+define("cummax", rule=_running_rule("cummax"), run="reduction", attrs={"axis": -1}, kind="reduction",
+       normalize=lambda a: {**a, "axis": int(a["axis"])},
+       doc="running maximum along axis, first element first (the values of torch.cummax, "
+           "np.maximum.accumulate); a NaN stays the maximum from where it appears, as in "
+           "torch",
        rule_doc="x not bool; out: the type of x")
 
 
@@ -137,6 +146,12 @@ define("cumsum", rule=_cumsum_rule, run="reduction", attrs={"axis": -1}, kind="r
 def cumsum():  # noqa: A001 - the signature comes from the definition
     """Running sum of ``x`` along ``axis`` (``np.cumsum(x, axis)``): RoBERTa's and
     MPNet's positions from a padding mask, ``cumsum(mask) * mask + pad``."""
+
+
+@public
+def cummax():  # noqa: A001 - the signature comes from the definition
+    """Running maximum of ``x`` along ``axis`` (the values of ``torch.cummax``): a
+    log-space stabiliser ``m_t = max(m_{t-1}, a_t)`` over a whole sequence at once."""
 
 
 # -- softmax ----------------------------------------------------------------------------

@@ -66,6 +66,23 @@ def test_cumsum_matches_torch(rng, axis):
     np.testing.assert_array_equal(pos, want)
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cummax_matches_torch(rng, axis):
+    import torch
+
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    x[1, 2, 1] = np.nan                                     # stays the maximum onwards
+    got = run_op(lambda v: md.ops.cummax(v, axis=axis), x)
+    want = torch.cummax(torch.from_numpy(x), dim=axis).values.numpy()
+    np.testing.assert_array_equal(got, want)
+    ids = rng.integers(-5, 5, (2, 9))
+    np.testing.assert_array_equal(run_op(md.ops.cummax, ids),
+                                  torch.cummax(torch.from_numpy(ids), dim=-1).values.numpy())
+    g = md.Graph("t", [md.TensorType("bool", (2, 3))])
+    with pytest.raises(md.GraphError, match="cummax of a bool tensor"):
+        md.ops.cummax(g.inputs[0])
+
+
 def test_cumsum_refuses_bool_and_bad_axes():
     g = md.Graph("t", [md.TensorType("bool", (2, 3)), md.TensorType("float32", (2, 3))])
     with pytest.raises(md.GraphError, match="cumsum of a bool tensor"):
