@@ -178,7 +178,9 @@ def _slice_rule(inputs, attrs):
         elif (s in (None, 0) and st == 1 and (e is None or e >= 2**31 - 1)):
             out[a] = d  # the whole symbolic dim
         else:
-            out[a] = f"{d}[{'' if s is None else s}:{'' if e is None else e}:{st}]"
+            # a compound dim is sliced whole: "(h+1)[1::1]", never h + "1[1::1]"
+            base = d if d.isidentifier() else f"({d})"
+            out[a] = f"{base}[{'' if s is None else s}:{'' if e is None else e}:{st}]"
     return [TensorType(x.dtype, tuple(out))]
 
 
