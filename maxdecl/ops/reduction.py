@@ -130,8 +130,9 @@ def _running_rule(name):
 
 define("cumsum", rule=_running_rule("cumsum"), run="reduction", attrs={"axis": -1}, kind="reduction",
        normalize=lambda a: {**a, "axis": int(a["axis"])},
-       doc="running sum along axis, first element first (torch.cumsum, np.cumsum); float "
-           "sums accumulate in float32, integer sums keep the dtype",
+       doc="running sum along axis, first element first (torch.cumsum, np.cumsum); as "
+           "torch on CPU, float32 sums accumulate in float64 and float16 in float32, each "
+           "running value rounded once; integer sums keep the dtype",
        rule_doc="x not bool; out: the type of x")
 
 define("cummax", rule=_running_rule("cummax"), run="reduction", attrs={"axis": -1}, kind="reduction",

@@ -58,6 +58,13 @@ def test_cumsum_matches_torch(rng, axis):
     want = torch.cumsum(torch.from_numpy(x), dim=axis).numpy()
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # a long running sum of a value float32 cannot hold: torch's float64 accumulator
+    third = np.full(700, np.float32(1 / 3), np.float32)
+    got = run_op(md.ops.cumsum, third)
+    np.testing.assert_array_equal(got, torch.cumsum(torch.from_numpy(third), 0).numpy())
+    half = np.full(300, np.float16(0.1), np.float16)
+    np.testing.assert_array_equal(run_op(md.ops.cumsum, half),
+                                  torch.cumsum(torch.from_numpy(half), 0).numpy())
     ids = rng.integers(0, 3, (3, 7))
     mask = (ids != 1).astype(np.int64)                # RoBERTa's positions from a pad mask
     pos = run_op(lambda m: md.ops.add(md.ops.mul(md.ops.cumsum(m, axis=1), m), 1), mask)
