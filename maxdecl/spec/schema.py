@@ -124,7 +124,12 @@ def _message(err) -> str:
     desc = err.schema.get("description", "") if isinstance(err.schema, dict) else ""
     if v == "type":
         want = " or ".join(val) if isinstance(val, list) else val
-        return f"expected {want}, got {_found(inst)}" + (f" ({_short(desc)})" if desc else "")
+        hint = ""
+        if isinstance(inst, bool) and "string" in (val if isinstance(val, list) else [val]):
+            hint = ("; YAML reads a plain on, off, yes, no, true or false as a boolean: "
+                    "quote it")
+        return (f"expected {want}, got {_found(inst)}" + (f" ({_short(desc)})" if desc else "")
+                + hint)
     if v == "required":
         missing = [k for k in val if isinstance(inst, dict) and k not in inst]
         return f"missing required key {missing[0]!r}" if missing else err.message
