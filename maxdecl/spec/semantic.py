@@ -1010,13 +1010,16 @@ def _map_targets(target) -> list:
 
 
 def _target_regex(target: str) -> str:
-    """The regex of a tensor-map target such as ``blk.{i}.attn_q.weight``."""
+    """The regex of a tensor-map target such as ``blk.{i}.attn_q.weight`` (a ``*``, the
+    text its source's ``*`` matched, stands for any text)."""
+    def literal(text):
+        return ".*".join(re.escape(part) for part in text.split("*"))
     out, last = [], 0
     for m in re.finditer(r"\{[A-Za-z_][A-Za-z0-9_]*\}", target):
-        out.append(re.escape(target[last:m.start()]))
+        out.append(literal(target[last:m.start()]))
         out.append("(?:0|[1-9][0-9]*)")
         last = m.end()
-    out.append(re.escape(target[last:]))
+    out.append(literal(target[last:]))
     return "".join(out)
 
 

@@ -92,26 +92,43 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MAX_PLACEHOLDERS = 8   # {i}-style parts in one source pattern
 
 
-_MAX_STARS = 2          # ``*`` wildcards in one (null-target) source pattern
+_MAX_STARS = 2          # ``*`` wildcards in one source pattern
+_STAR = "_star{}"       # the regex group of the k-th ``*`` of a source
 
 
 def _is_pattern(source: str) -> bool:
     return bool(_PLACEHOLDER.search(source)) or "*" in source
 
 
-def _literal(text: str) -> str:
-    """``text`` as a regex, each ``*`` matching any run of characters."""
-    return ".*".join(re.escape(part) for part in text.split("*"))
+def _literal(text: str, stars: list) -> str:
+    """``text`` as a regex, each ``*`` a group matching any run of characters (``stars``
+    counts them across the pattern: the k-th is group ``_star{k}``)."""
+    parts = text.split("*")
+    out = [re.escape(parts[0])]
+    for part in parts[1:]:
+        out.append(f"(?P<{_STAR.format(len(stars))}>.*)" + re.escape(part))
+        stars.append(1)
+    return "".join(out)
+
+
+def _fill(target: str, m) -> str:
+    """``target`` with its ``{i}`` placeholders and ``*`` filled from the match ``m`` of
+    its source: the k-th ``*`` gets the text the source's k-th ``*`` matched."""
+    out = _PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), target)
+    if "*" not in out:
+        return out
+    parts = out.split("*")
+    return parts[0] + "".join(m.group(_STAR.format(k)) + p for k, p in enumerate(parts[1:]))
 
 
 def _compile(source: str) -> re.Pattern:
     """The regex of a mapping source such as ``model.layers.{i}.mlp.weight``. Two
     placeholders must be separated by text that is not all digits (``{a}{b}`` or
     ``{a}1{b}`` could split a number many ways: matching would backtrack without bound);
-    a ``*`` (null targets only, at most _MAX_STARS) matches any run of characters."""
+    a ``*`` (at most _MAX_STARS) matches any run of characters."""
     if source.count("*") > _MAX_STARS:
         raise WeightsError(f"mapping {source[:80]!r}: more than {_MAX_STARS} '*'")
-    parts, last, seen = [], 0, set()
+    parts, last, seen, stars = [], 0, set(), []
     found = list(_PLACEHOLDER.finditer(source))
     if len(found) > _MAX_PLACEHOLDERS:
         raise WeightsError(f"mapping {source[:80]!r}: more than {_MAX_PLACEHOLDERS} "
@@ -121,12 +138,15 @@ def _compile(source: str) -> re.Pattern:
         if last and (not between or between.isdigit()):
             raise WeightsError(f"mapping {source[:80]!r}: placeholders must be separated by "
                                "text with a non-digit, e.g. '{i}.{j}'")
-        parts.append(_literal(between))
+        parts.append(_literal(between, stars))
         name = m.group(1)
+        if name.startswith("_star"):
+            raise WeightsError(f"mapping {source[:80]!r}: placeholder {{{name}}} is reserved "
+                               "(names starting _star stand for '*')")
         parts.append(f"(?P={name})" if name in seen else f"(?P<{name}>0|[1-9][0-9]*)")
         seen.add(name)
         last = m.end()
-    parts.append(_literal(source[last:]))
+    parts.append(_literal(source[last:], stars))
     return re.compile("".join(parts), re.DOTALL)
 
 
@@ -393,15 +413,21 @@ def _stack(target: str, parts: list):
 
 def _without_prefix(name: str, prefixes, exact: dict, patterns: list) -> str:
     """``name``, or ``name`` without the first of ``prefixes`` after which a mapping entry
-    matches it (checkpoints that nest the same model under another module)."""
-    def known(n):
-        return n in exact or any(rx.fullmatch(n) for rx, _, _ in patterns)
+    matches it (checkpoints that nest the same model under another module). Entries
+    without ``*`` are tried first, the whole name before the stripped one; then the
+    ``*`` patterns, the stripped name first (``"*": "*"`` would match any name whole)."""
+    def known(n, star):
+        return (not star and n in exact) or any(
+            rx.fullmatch(n) for rx, key, _ in patterns if ("*" in key) == star)
 
-    if known(name):
-        return name
-    for p in prefixes:
-        if name.startswith(p) and known(name[len(p):]):
-            return name[len(p):]
+    for star in (False, True):
+        if not star and known(name, star):
+            return name
+        for p in prefixes:
+            if name.startswith(p) and known(name[len(p):], star):
+                return name[len(p):]
+        if star and known(name, star):
+            return name
     return name
 
 
@@ -537,13 +563,18 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
     transforms = transforms or {}
     params = params or {}
     exact = {s: t for s, t in tensors.items() if not _is_pattern(s)}
-    patterns = [(_compile(s), s, t) for s, t in tensors.items() if _is_pattern(s)]
+    # placeholder patterns before ``*`` ones, each kind in the order written
+    patterns = sorted(((_compile(s), s, t) for s, t in tensors.items() if _is_pattern(s)),
+                      key=lambda e: "*" in e[1])
     for s, t in tensors.items():
         if t is None:
             continue
-        if "*" in s:
-            raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' pattern only drops tensors "
-                               "(its target must be null)")
+        if "*" in s and (not isinstance(t, str) or t.count("*") != s.count("*")):
+            raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' pattern keeps its text: the "
+                               "target is one name with as many '*' (or null, to drop)")
+        if "*" in str(t) and "*" not in s:
+            raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' in the target needs one in "
+                               "the source")
         for one in _split_targets(s, t):
             extra = set(_PLACEHOLDER.findall(one)) - set(_PLACEHOLDER.findall(s))
             if extra:
@@ -571,8 +602,9 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
                     if t is None or not isinstance(t, str):
                         target = t
                         break
-                    target = _PLACEHOLDER.sub(lambda p: str(int(m.group(p.group(1)))), t)
-                    free = [k for k in rx.groupindex if "{" + k + "}" not in t]
+                    target = _fill(t, m)
+                    free = [k for k in rx.groupindex
+                            if "{" + k + "}" not in t and not k.startswith("_star")]
                     if len(free) == 1:          # two or more: ambiguous, no stacking
                         stack_at = int(m.group(free[0]))
                     break

@@ -150,10 +150,10 @@ def test_drop_rows_keeps_the_rows_from_n_on():
             remap(md.TensorDict({"p": w}), {"p": "p"}, {"p": {"drop_rows": bad}}, {"2": 7})
 
 
-def test_star_patterns_drop_whole_subtrees_and_only_drop():
+def test_star_patterns_drop_whole_subtrees():
     """``"text_model.*": null`` drops every tensor under a prefix (a CLIP checkpoint's
-    text tower for a vision spec); ``*`` matches dots too; a ``*`` with a target is an
-    error, as is a pattern with too many stars."""
+    text tower for a vision spec); ``*`` matches dots too; a pattern with too many stars
+    is an error."""
     from maxdecl.weights.mapping import remap
 
     td = md.TensorDict({"text_model.encoder.layers.0.w": np.ones(2, np.float32),
@@ -166,10 +166,38 @@ def test_star_patterns_drop_whole_subtrees_and_only_drop():
     with pytest.raises(md.WeightsError, match="unexpected.*text_model"):
         remap(td, {"text_model.encoder.*": None, "*scale": None,
                    "vision_model.pre.w": "pre.w"}, expected=["pre.w"])
-    with pytest.raises(md.WeightsError, match="only drops tensors"):
-        remap(td, {"text_model.*": "x"})
     with pytest.raises(md.WeightsError, match="more than 2"):
         remap(td, {"a*b*c*": None})
+
+
+def test_star_patterns_carry_their_text_to_the_target():
+    """``"cvt.encoder.*": "encoder.*"`` keeps every name under a prefix, the k-th ``*`` of
+    the target getting the k-th ``*``'s text of the source (with ``{i}`` placeholders
+    beside them); the first entry that matches a name takes it; stars must pair up."""
+    from maxdecl.weights.mapping import remap
+
+    names = ["cvt.encoder.stages.0.attn.w", "cvt.encoder.stages.1.mlp.b",
+             "cvt.encoder.stages.1.num_batches_tracked", "blk.3.x.attn.w", "head.w"]
+    td = md.TensorDict({n: np.full(2, i, np.float32) for i, n in enumerate(names)})
+    out = remap(td, {"*.num_batches_tracked": None, "cvt.encoder.*": "encoder.*",
+                     "blk.{i}.*.w": "layers.{i}.*.weight", "*": "*"},
+                expected=["encoder.stages.0.attn.w", "encoder.stages.1.mlp.b",
+                          "layers.3.x.attn.weight", "head.w"])
+    assert sorted(out.keys()) == ["encoder.stages.0.attn.w", "encoder.stages.1.mlp.b",
+                                  "head.w", "layers.3.x.attn.weight"]
+    assert out["layers.3.x.attn.weight"][0] == 3 and out["encoder.stages.1.mlp.b"][0] == 1
+    out = remap(td, {"*": None, "blk.{i}.x.attn.w": "b{i}"}, expected=["b3"])   # {i} first
+    assert list(out.keys()) == ["b3"]
+    with pytest.raises(md.WeightsError, match="missing.*encoder.stages.2"):
+        remap(td, {"*.num_batches_tracked": None, "cvt.encoder.*": "encoder.*",
+                   "blk.{i}.*.w": "layers.{i}.*.weight", "head.w": "head.w"},
+              expected=["encoder.stages.2.w"])
+    for bad, message in [({"text_model.*": "x"}, "as many '\\*'"),
+                         ({"a.*.*": "b.*"}, "as many '\\*'"),
+                         ({"a": "b.*"}, "needs one in the source"),
+                         ({"a.{_star0}.*": "b.{_star0}.*"}, "reserved")]:
+        with pytest.raises(md.WeightsError, match=message):
+            remap(td, bad)
 
 
 def test_unsqueeze_inserts_an_axis_and_undoes_squeeze():
