@@ -150,7 +150,16 @@ def _pad_to_multiple_run(args, attrs):
     return [np.pad(x, width, constant_values=np.asarray(attrs["value"]).astype(x.dtype))]
 
 
+def _check_run(args, attrs):
+    if not np.all(args[1]):
+        from ..errors import GraphError
+        raise GraphError(attrs["message"])
+    return [args[0]]
+
+
 RUN = {
+    "axis_size": lambda args, attrs: [np.array(args[0].shape[attrs["axis"]], np.int64)],
+    "check": _check_run,
     "pad": _pad_run,
     "pad_to_multiple": _pad_to_multiple_run,
     "full_like": _full_like_run,

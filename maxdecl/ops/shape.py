@@ -18,7 +18,7 @@ from ._registry import REQUIRED, define, public
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
            "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like",
-           "pad_to_multiple"]
+           "pad_to_multiple", "axis_size", "check"]
 
 
 def _reshape_rule(types, attrs):
@@ -237,6 +237,26 @@ def _arange_like_rule(inputs, attrs):
     return [TensorType(DType.int64, (x.shape[axis],))]
 
 
+def _axis_size_rule(inputs, attrs):
+    (x,) = inputs
+    if x.rank == 0:
+        raise ValueError("axis_size needs x of rank >= 1")
+    _checks.valid_axis(attrs["axis"], x.rank)
+    return [TensorType(DType.int64, ())]
+
+
+def _check_rule(inputs, attrs):
+    x, ok = inputs
+    if ok.is_quantized or ok.dtype != DType.bool:
+        raise TypeError(f"check needs a bool condition, got {ok.type}")
+    message = attrs["message"]
+    if not isinstance(message, str) or not message.strip():
+        raise ValueError(f"check message must be a non-empty string, got {message!r}")
+    if "\n" in message or len(message) > 500:
+        raise ValueError("check message must be one line of at most 500 characters")
+    return [x.type]
+
+
 def _positive_int(attrs, key: str) -> int:
     v = attrs[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -443,6 +463,17 @@ define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "st
        doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
            "x's values are not read",
        rule_doc="x rank >= 1; out int64 [x.shape[axis]]")
+define("axis_size", rule=_axis_size_rule, run="shape", attrs={"axis": 0}, kind="shape",
+       normalize=lambda a: {**a, "axis": int(a["axis"])},
+       doc="int64 0-d length of x's axis (torch's x.size(axis)), known when the graph runs; "
+           "x's values are not read",
+       rule_doc="x rank >= 1; out int64 []")
+define("check", rule=_check_rule, run="shape", inputs=("x", "ok"),
+       attrs={"message": REQUIRED}, kind="shape",
+       doc="x unchanged when every element of the bool ok is true; else the run stops "
+           "with the layer's path and message (a size a model cannot take: a map smaller "
+           "than its window); use its output, as a check no output depends on is not run",
+       rule_doc="ok bool (any shape); message one line; out: the type of x")
 define("full_like", rule=_full_like_rule, run="shape", attrs={"value": 0.0, "dtype": None},
        normalize=_normalize_full, kind="shape",
        doc="x's shape filled with value (torch.full_like; zeros_like with value 0): an "
@@ -819,3 +850,16 @@ def pad_to_multiple():  # noqa: A001 - the signature comes from the definition
 
         y = md.ops.pad_to_multiple(x, multiples=(7, 7), axes=(1, 2))   # NHWC
     """
+
+
+@public
+def axis_size():  # noqa: A001 - the signature comes from the definition
+    """The length of ``x``'s ``axis`` as an int64 0-d value (``x.size(axis)``), for
+    arithmetic on a length only known at run time (``sub(axis_size(x), 1)``)."""
+
+
+@public
+def check():  # noqa: A001 - the signature comes from the definition
+    """``x`` unchanged when ``ok`` is all true; otherwise the run fails with
+    ``<layer path>: check: <message>``. Feed its output on (``out: x``): a node no
+    output depends on is not run."""

@@ -417,3 +417,50 @@ def test_pad_to_multiple_splits_symbolic_maps_into_windows():
         (out,) = g.execute(np.ones((2, h, w, 3), np.float32))
         assert out.shape == (2 * -(-h // 7) * -(-w // 7), 49, 3)
         assert out.sum() == 2 * h * w * 3
+
+
+def test_axis_size_is_an_int64_scalar_known_at_run_time(rng):
+    g = md.Graph("t", [md.TensorType("float32", ("batch", "seq", 4))])
+    sizes = [md.ops.axis_size(g.inputs[0], axis=a) for a in (0, 1, -1)]
+    assert all(s.shape == () and s.dtype == md.DType.int64 for s in sizes)
+    g.output(sizes)
+    got = g.execute(rng.standard_normal((2, 7, 4)).astype(np.float32))
+    assert [int(v) for v in got] == [2, 7, 4] and all(v.dtype == np.int64 for v in got)
+    with pytest.raises(md.GraphError, match="rank >= 1"):
+        md.ops.axis_size(md.ops.axis_size(g.inputs[0]))
+    with pytest.raises(md.GraphError, match="out of range"):
+        md.ops.axis_size(g.inputs[0], axis=3)
+
+
+def test_check_passes_x_through_or_stops_the_run_with_its_message(tmp_path):
+    spec = tmp_path / "fit.yaml"
+    spec.write_text("""\
+maxdecl: 1
+name: fit
+variants:
+  tiny: {window: 4}
+dims: {h: map height}
+inputs:
+  x: {dtype: float32, shape: [h, 3]}
+constants:
+  win: {value: "{window}", dtype: int64}
+layers:
+  - name: stage
+    layers:
+      - {op: axis_size, in: x, attrs: {axis: 0}, out: n}
+      - {op: greater_equal, in: [n, win], out: fits}
+      - {op: check, in: [x, fits], attrs: {message: "a map of fewer than {window} rows"}, out: x}
+      - {op: neg, in: x, out: y}
+outputs: [y]
+""")
+    run = md.compile(md.build(str(spec)))
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    np.testing.assert_array_equal(run(x)[0], -x)
+    with pytest.raises(md.GraphError) as err:
+        run(x[:3])
+    assert str(err.value).endswith("stage: check: a map of fewer than 4 rows")
+    g = md.Graph("t", [md.TensorType("float32", (2,)), md.TensorType("int64", (2,))])
+    with pytest.raises(md.GraphError, match="bool condition"):
+        md.ops.check(g.inputs[0], g.inputs[1], message="m")
+    with pytest.raises(md.GraphError, match="one line"):
+        md.ops.check(g.inputs[0], md.ops.greater(g.inputs[1], g.inputs[1]), message="a\nb")
