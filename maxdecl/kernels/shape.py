@@ -150,6 +150,13 @@ def _pad_to_multiple_run(args, attrs):
     return [np.pad(x, width, constant_values=np.asarray(attrs["value"]).astype(x.dtype))]
 
 
+def _flatten(x, attrs):
+    start, end = attrs["start_axis"] % x.ndim, attrs["end_axis"] % x.ndim
+    return np.ascontiguousarray(x).reshape(x.shape[:start] + (-1,) + x.shape[end + 1:]) \
+        if x.size else x.reshape(x.shape[:start] + (int(np.prod(x.shape[start:end + 1])),)
+                                 + x.shape[end + 1:])
+
+
 def _check_run(args, attrs):
     if not np.all(args[1]):
         from ..errors import GraphError
@@ -158,6 +165,7 @@ def _check_run(args, attrs):
 
 
 RUN = {
+    "flatten": lambda args, attrs: [_flatten(args[0], attrs)],
     "axis_size": lambda args, attrs: [np.array(args[0].shape[attrs["axis"]], np.int64)],
     "check": _check_run,
     "pad": _pad_run,
@@ -173,8 +181,10 @@ RUN = {
     "split": _split_run,
     "slice": _slice_run,
     "gather": _gather_run,
-    "expand_as": lambda args, attrs: [np.ascontiguousarray(np.broadcast_to(args[0],
-                                                                           args[1].shape))],
+    "expand_as": lambda args, attrs: [np.ascontiguousarray(np.broadcast_to(
+        args[0], args[1].shape if attrs["axes"] is None else tuple(
+            args[1].shape[a] if a % args[0].ndim in {b % args[0].ndim for b in attrs["axes"]}
+            else d for a, d in enumerate(args[0].shape))))],
     "tile": lambda args, attrs: [np.tile(args[0], attrs["repeats"])],
     "unflatten": lambda args, attrs: [_unflatten(args[0], args[1] if len(args) > 1 else None,
                                                  attrs)],

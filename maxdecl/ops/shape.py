@@ -18,7 +18,7 @@ from ._registry import REQUIRED, define, public
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
            "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like",
-           "pad_to_multiple", "axis_size", "check"]
+           "pad_to_multiple", "axis_size", "check", "flatten"]
 
 
 def _reshape_rule(types, attrs):
@@ -237,6 +237,20 @@ def _arange_like_rule(inputs, attrs):
     return [TensorType(DType.int64, (x.shape[axis],))]
 
 
+def _flatten_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    if x.rank == 0:
+        raise ValueError("flatten needs x of rank >= 1")
+    start = _checks.valid_axis(attrs["start_axis"], x.rank)
+    end = _checks.valid_axis(attrs["end_axis"], x.rank)
+    if end < start:
+        raise ValueError(f"end_axis {attrs['end_axis']} comes before start_axis "
+                         f"{attrs['start_axis']} in rank {x.rank}")
+    merged = dims.mul(*x.shape[start:end + 1])
+    return [TensorType(x.dtype, x.shape[:start] + (merged,) + x.shape[end + 1:])]
+
+
 def _axis_size_rule(inputs, attrs):
     (x,) = inputs
     if x.rank == 0:
@@ -433,6 +447,22 @@ def _tile_repeats(attrs):
 def _expand_as_rule(inputs, attrs):
     x, like = inputs
     _checks.not_quantized(x)
+    axes = attrs["axes"]
+    if axes is not None:            # only these axes of x (size 1) take like's size
+        if x.rank != like.rank:
+            raise ValueError(f"with axes, x{format_shape(x.shape)} and like"
+                             f"{format_shape(like.shape)} need one rank")
+        if not isinstance(axes, (list, tuple)) or not axes:
+            raise ValueError(f"axes must be a non-empty list of axes, got {axes!r}")
+        norm = [_checks.valid_axis(a, x.rank) for a in axes]
+        if len(set(norm)) != len(norm):
+            raise ValueError(f"axes {list(axes)} repeat an axis")
+        bad = [a for a in norm if x.shape[a] != 1]
+        if bad:
+            raise ValueError(f"axis {bad[0]} of x{format_shape(x.shape)} is not 1: only "
+                             "size-1 axes expand")
+        return [TensorType(x.dtype, tuple(like.shape[a] if a in norm else d
+                                          for a, d in enumerate(x.shape)))]
     if x.rank > like.rank or any(
             d != 1 and dims.differ(d, e) for d, e in zip(x.shape[::-1], like.shape[::-1])):
         raise ValueError(f"x{format_shape(x.shape)} does not broadcast to "
@@ -463,6 +493,14 @@ define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "st
        doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
            "x's values are not read",
        rule_doc="x rank >= 1; out int64 [x.shape[axis]]")
+define("flatten", rule=_flatten_rule, run="shape", attrs={"start_axis": 0, "end_axis": -1},
+       kind="shape",
+       normalize=lambda a: {**a, "start_axis": int(a["start_axis"]),
+                            "end_axis": int(a["end_axis"])},
+       doc="axes start_axis..end_axis merged into one, C order (torch.flatten(x, start_dim, "
+           "end_dim)); the inverse of unflatten, symbolic sizes multiplied",
+       rule_doc="x rank >= 1, start_axis <= end_axis; out: that run of dims replaced by "
+                "their product")
 define("axis_size", rule=_axis_size_rule, run="shape", attrs={"axis": 0}, kind="shape",
        normalize=lambda a: {**a, "axis": int(a["axis"])},
        doc="int64 0-d length of x's axis (torch's x.size(axis)), known when the graph runs; "
@@ -508,9 +546,14 @@ define("tile", rule=_tile_rule, run="shape", attrs={"repeats": REQUIRED}, kind="
        normalize=_tile_repeats,
        doc="np.tile", rule_doc="repeats non-negative ints; each dim times its repeat")
 define("expand_as", rule=_expand_as_rule, run="shape", inputs=("x", "like"), kind="shape",
-       doc="x broadcast to the shape of like (torch's x.expand_as(like))",
-       rule_doc="each dim of x 1 or equal to like's (trailing dims aligned); out: x's dtype, "
-                "like's shape; like's values are not read")
+       attrs={"axes": None},
+       normalize=lambda a: {**a, "axes": None if a["axes"] is None else
+                            [int(v) for v in a["axes"]]},
+       doc="x broadcast to the shape of like (torch's x.expand_as(like)); with axes, only "
+           "those size-1 axes of x take like's sizes (a learned [1, N, D] table to like's "
+           "batch: axes [0], like [batch, S, D]), the others keep x's",
+       rule_doc="each dim of x 1 or equal to like's (trailing dims aligned); with axes: one "
+                "rank, those axes of x 1; out: x's dtype; like's values are not read")
 def _unflatten_rule(inputs, attrs):
     x, *like = inputs
     _checks.not_quantized(x)
@@ -863,3 +906,10 @@ def check():  # noqa: A001 - the signature comes from the definition
     """``x`` unchanged when ``ok`` is all true; otherwise the run fails with
     ``<layer path>: check: <message>``. Feed its output on (``out: x``): a node no
     output depends on is not run."""
+
+
+@public
+def flatten():  # noqa: A001 - the signature comes from the definition
+    """Axes ``start_axis`` to ``end_axis`` of ``x`` merged into one (``torch.flatten``):
+    heads back into a width, ``[b, s, h, d] -> [b, s, h * d]`` with ``start_axis: 2``,
+    symbolic sizes kept as their product (``2*seq``)."""

@@ -464,3 +464,39 @@ outputs: [y]
         md.ops.check(g.inputs[0], g.inputs[1], message="m")
     with pytest.raises(md.GraphError, match="one line"):
         md.ops.check(g.inputs[0], md.ops.greater(g.inputs[1], g.inputs[1]), message="a\nb")
+
+
+@pytest.mark.parametrize("shape,start,end", [((2, 3, 4, 5), 2, -1), ((2, 3, 4, 5), 0, 1),
+                                             ((2, 3, 4), 0, -1), ((2, 0, 4), 1, 2),
+                                             ((6,), 0, 0)])
+def test_flatten_matches_torch(rng, shape, start, end):
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = run_op(lambda v: md.ops.flatten(v, start_axis=start, end_axis=end), x)
+    want = torch.flatten(torch.from_numpy(x), start, end).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_flatten_multiplies_symbolic_dims_and_undoes_unflatten():
+    g = md.Graph("t", [md.TensorType("float32", ("b", "seq", 4, 8))])
+    y = md.ops.flatten(g.inputs[0], start_axis=1, end_axis=2)
+    assert y.shape == ("b", "4*seq", 8)
+    z = md.ops.flatten(g.inputs[0], start_axis=2)
+    assert z.shape == ("b", "seq", 32)
+    with pytest.raises(md.GraphError, match="comes before"):
+        md.ops.flatten(g.inputs[0], start_axis=2, end_axis=1)
+
+
+def test_expand_as_with_axes_takes_only_those_sizes_from_like(rng):
+    """A learned table [1, N, D] takes like's batch (Perceiver's latents), whatever
+    like's other sizes; as torch's ``table.expand(batch, -1, -1)``."""
+    table = rng.standard_normal((1, 5, 4)).astype(np.float32)
+    like = np.zeros((3, 7, 4), np.float32)
+    got = run_op(lambda t, l: md.ops.expand_as(t, l, axes=[0]), table, like)
+    np.testing.assert_array_equal(got, torch.from_numpy(table).expand(3, -1, -1).numpy())
+    g = md.Graph("t", [md.TensorType("float32", (2, 5, 4)),
+                       md.TensorType("float32", ("batch", "seq", 4))])
+    for kwargs, message in [(dict(axes=[0]), "axis 0 of x\\[2, 5, 4\\] is not 1"),
+                            (dict(axes=[0, 0]), "repeat an axis"), (dict(axes=[]), "non-empty")]:
+        with pytest.raises(md.GraphError, match=message):
+            md.ops.expand_as(*g.inputs, **kwargs)
