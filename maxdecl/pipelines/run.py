@@ -168,19 +168,24 @@ def _load_input(v, path: str):
 
 
 def _run_graph(model, inputs: dict, output) -> int:
-    """Run a spec that is not a language model once on named .npy inputs."""
+    """Run a spec that is not a language model once on named .npy inputs; a state input
+    (one with an output of its name) left out starts empty: its symbolic dims 0, the
+    rest zeros, as a generation loop's first step."""
     import numpy as np
 
     names = model.input_names
     unknown = sorted(set(inputs) - set(names))
-    missing = [n for n in names if n not in inputs]
+    states = set(names) & set(model.output_names)   # a first step starts them empty
+    missing = [n for n in names if n not in inputs and n not in states]
     types = ", ".join(f"{v.name}: {v.dtype.name}[{', '.join(map(str, v.shape))}]"
                       for v in model.graph.inputs)
     if unknown or missing:
         what = (f"unknown input(s) {', '.join(unknown)}" if unknown
                 else f"missing --input for {', '.join(missing)}")
         raise InputError(f"{what}; {model.spec.name} takes {types} (--input NAME=FILE.npy)")
-    arrays = [_load_input(v, inputs[v.name]) for v in model.graph.inputs]
+    arrays = [_load_input(v, inputs[v.name]) if v.name in inputs else
+              np.zeros(tuple(0 if isinstance(d, str) else d for d in v.shape), v.dtype.numpy)
+              for v in model.graph.inputs]
     outs = model(*arrays)
     for name, arr in zip(model.output_names, outs):
         arr = np.asarray(arr)

@@ -175,3 +175,31 @@ def test_cold_cache_notice_and_speeds_without_compile(tmp_path):
     assert warm.returncode == 0 and "compiling" not in warm.stderr
     assert "kernels compiled" not in warm.stdout
     assert "kernels loaded in" in warm.stdout.splitlines()[-1]     # from the cache
+
+
+def test_graph_run_starts_a_state_input_left_out_empty(empty_cwd, capsys):
+    """An input with an output of its name is state: without --input it starts as a
+    generation loop's first step does, its symbolic dims 0 (an empty cache)."""
+    spec = empty_cwd / "acc.yaml"
+    spec.write_text("""\
+maxdecl: 1
+name: acc
+variants:
+  tiny: {dim: 4}
+dims: {seq: new rows, past: rows so far}
+inputs:
+  x: {dtype: float32, shape: [seq, "{dim}"]}
+  memory: {dtype: float32, shape: [past, "{dim}"]}
+layers:
+  - {op: concat, in: [memory, x], attrs: {axis: 0}, out: memory}
+  - {op: sum, in: memory, attrs: {axis: 0}, out: total}
+outputs: [total, memory]
+""")
+    np.save(empty_cwd / "x.npy", np.ones((3, 4), np.float32))
+    assert main(["run", str(spec), "--input", f"x={empty_cwd / 'x.npy'}"]) == 0
+    out = capsys.readouterr().out
+    assert "total: float32 [4] [3, 3, 3, 3]" in out and "memory: float32 [3, 4]" in out
+    np.save(empty_cwd / "m.npy", np.ones((2, 4), np.float32))
+    assert main(["run", str(spec), "--input", f"x={empty_cwd / 'x.npy'}",
+                 "--input", f"memory={empty_cwd / 'm.npy'}"]) == 0
+    assert "total: float32 [4] [5, 5, 5, 5]" in capsys.readouterr().out
