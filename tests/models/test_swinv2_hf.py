@@ -2,15 +2,23 @@
 
 Small seeded float32 models:
 
-- ``cls``: a classifier, 32x32 images, patch 2 (a 16x16 grid), window 4, 4 stages of
-  2 blocks: stages 0 and 1 run shifted windows (with the region mask), stage 2 fits
-  one window (no shift), stage 3 shrinks the window to its 2x2 resolution. One
-  block's logit_scale is above log(100), so the clamp of the cosine attention's
-  temperature matters.
-- ``pad``: a headless Swinv2Model on 30x30 images, patch 2, window 4, no q/v biases,
+- ``cls``: a classifier configured for 32x32 images, patch 2 (a 16x16 grid), window 4,
+  4 stages of 2 blocks: stages 0 and 1 run shifted windows (with the region mask),
+  stage 2 fits one window (no shift), stage 3 shrinks the window to its 2x2
+  resolution. One block's logit_scale is above log(100), so the clamp of the cosine
+  attention's temperature matters. ONE loaded graph runs every size of ``SIZES``:
+  Swin V2 fixes windows and shifts from config.json's image_size (unlike V1) and pads
+  the map to whole windows at run time, so a map smaller than its window (12x12: 3x3
+  in a shifted stage of window 4; 3x5: an image smaller than two patches) is padded up
+  to one window and still shifted.
+- ``pad``: a headless Swinv2Model for 30x30 images, patch 2, window 4, no q/v biases,
   pretrained window sizes set: the patch grid (15) and stage 1 (8 -> 4 per side
-  after an odd merge) need padding to whole windows and an odd patch merge, and the
-  relative coordinates are normalised by the pretrained windows.
+  after an odd merge) need padding to whole windows and an odd patch merge, stage 2
+  has a window of 3, and the relative coordinates are normalised by the pretrained
+  windows; also run at other sizes.
+- ``rect``: a classifier with a list image_size [24, 40] and patch_size [2, 4]: the
+  patch conv is 2x4, and windows and shifts follow the height's grid only (12: stage 2
+  has a window of 3, where the width's grid of 10 would give 2), as transformers.
 
 Outputs are compared with the relative tolerance TOL (max|ours - ref| / max|ref|).
 """
@@ -27,6 +35,11 @@ pytest.importorskip("transformers")
 
 TOL = 1e-4
 N_IMAGES = 2
+
+# (height, width) of the images the cls graph runs, all through one loaded model
+SIZES = [(32, 32), (36, 44), (28, 20), (12, 12), (3, 5), (64, 48)]
+PAD_SIZES = [(17, 23), (6, 10), (40, 26)]
+RECT_SIZES = [(24, 40), (30, 18), (9, 7)]
 
 
 def make_swinv2(seed=0, head=True, **kw):
@@ -63,7 +76,17 @@ def reference(model, pixels, head=True):
 
 
 def images(size, seed=3):
-    return np.random.default_rng(seed).standard_normal((N_IMAGES, 3, size, size)).astype(np.float32)
+    h, w = (size, size) if isinstance(size, int) else size
+    return np.random.default_rng(seed).standard_normal((N_IMAGES, 3, h, w)).astype(np.float32)
+
+
+def size_refs(model, sizes, head=True, seed=10):
+    """{(h, w): (pixels, transformers' outputs)} for each size."""
+    out = {}
+    for k, hw in enumerate(sizes):
+        pixels = images(hw, seed=seed + k)
+        out[hw] = (pixels, reference(model, pixels, head=head))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +96,11 @@ def cls_case(tmp_path_factory):
     pixels = images(32)
     ours = md.load_model(spec_path("swinv2"), path, variant="tiny")
     return model, path, pixels, reference(model, pixels), ours
+
+
+@pytest.fixture(scope="module")
+def cls_sizes(cls_case):
+    return size_refs(cls_case[0], SIZES)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +114,20 @@ def pad_case(tmp_path_factory):
     return model, path, pixels, reference(model, pixels, head=False), ours
 
 
+@pytest.fixture(scope="module")
+def pad_sizes(pad_case):
+    return size_refs(pad_case[0], PAD_SIZES, head=False, seed=20)
+
+
+@pytest.fixture(scope="module")
+def rect_case(tmp_path_factory):
+    model = make_swinv2(seed=2, image_size=[24, 40], patch_size=[2, 4], depths=[2, 2, 2],
+                        num_heads=[2, 2, 4])
+    path = save_hf(model, tmp_path_factory.mktemp("swinv2_rect"))
+    ours = md.load_model(spec_path("swinv2"), path, variant="tiny")
+    return model, path, size_refs(model, RECT_SIZES, seed=30), ours
+
+
 def check(name, ours, ref):
     errs = {k: rel_err(ours[k], ref[k]) for k in ref}
     print(f"swinv2 {name} vs HF: " + ", ".join(f"{k} {e:.2e}" for k, e in errs.items()))
@@ -93,7 +135,7 @@ def check(name, ours, ref):
         assert e <= TOL, (k, e)
 
 
-def test_swinv2_config_from_hf(cls_case, pad_case):
+def test_swinv2_config_from_hf(cls_case, pad_case, rect_case):
     got = hf_params("swinv2", cls_case[1])[2]
     assert (got["image_size"], got["patch_size"], got["embed_dim"], got["window_size"]) == (32, 2, 16, 4)
     assert list(got["depths"]) == [2, 2, 2, 2] and list(got["n_heads"]) == [2, 2, 4, 4]
@@ -104,8 +146,21 @@ def test_swinv2_config_from_hf(cls_case, pad_case):
     got = hf_params("swinv2", pad_case[1])[2]
     assert got["is_classifier"] is False and got["hidden_act"] == "gelu_new"
     p = pad_case[4].params
-    assert list(p["res"]) == [15, 8, 4] and list(p["win_pads"]) == [1, 0, 2]
+    assert p["grid"] == 15
     assert list(p["wins"]) == [4, 4, 3] and list(p["shifts"]) == [2, 2, 0]
+    got = hf_params("swinv2", rect_case[1])[2]
+    assert (got["image_size"], got["image_size_w"]) == (24, 40)
+    assert (got["patch_size"], got["patch_size_w"]) == (2, 4)
+    p = rect_case[3].params
+    assert p["grid"] == 12 and list(p["wins"]) == [4, 4, 3] and list(p["shifts"]) == [2, 2, 0]
+
+
+def test_swinv2_input_takes_any_size(cls_case):
+    """The pixels input is [batch, channels, h, w] with symbolic h and w."""
+    ours = cls_case[4]
+    assert ours.input_names == ["pixel_values"]
+    shape = [str(d) for d in ours.graph.inputs[0].type.shape]
+    assert shape == ["batch", "3", "h", "w"], shape
 
 
 def test_swinv2_classifier_matches_hf(cls_case):
@@ -116,11 +171,53 @@ def test_swinv2_classifier_matches_hf(cls_case):
     check("classifier", out, ref)
 
 
+@pytest.mark.parametrize("size", SIZES, ids=[f"{h}x{w}" for h, w in SIZES])
+def test_swinv2_classifier_any_size_matches_hf(cls_case, cls_sizes, size):
+    """One loaded graph (cls_case's) at every size: logits, last_hidden_state and
+    pooler_output as transformers, the token count that of the padded, merged map."""
+    ours = cls_case[4]
+    pixels, ref = cls_sizes[size]
+    out = named_outputs(ours, pixels)
+    res = [(-(-size[0] // 2)), (-(-size[1] // 2))]          # patch grid, padded to whole patches
+    for _ in range(3):
+        res = [(r + 1) // 2 for r in res]                   # three merges, odd maps padded
+    assert out["last_hidden_state"].shape == (N_IMAGES, res[0] * res[1], 128)
+    check(f"classifier {size[0]}x{size[1]}", out, ref)
+
+
+def test_swinv2_one_graph_all_sizes(cls_case, cls_sizes):
+    """The same compiled model runs the sizes in turn and back without rebuilding."""
+    ours = cls_case[4]
+    graph = ours.graph
+    for size in list(SIZES) + list(reversed(SIZES)):
+        pixels, ref = cls_sizes[size]
+        out = named_outputs(ours, pixels)
+        assert rel_err(out["logits"], ref["logits"]) <= TOL, size
+    assert ours.graph is graph
+
+
 def test_swinv2_padded_headless_matches_hf(pad_case):
     model, path, pixels, ref, ours = pad_case
     out = named_outputs(ours, pixels)
     assert "logits" not in out
     check("padded headless", out, ref)
+
+
+@pytest.mark.parametrize("size", PAD_SIZES, ids=[f"{h}x{w}" for h, w in PAD_SIZES])
+def test_swinv2_padded_headless_any_size_matches_hf(pad_case, pad_sizes, size):
+    ours = pad_case[4]
+    pixels, ref = pad_sizes[size]
+    out = named_outputs(ours, pixels)
+    assert "logits" not in out
+    check(f"padded headless {size[0]}x{size[1]}", out, ref)
+
+
+@pytest.mark.parametrize("size", RECT_SIZES, ids=[f"{h}x{w}" for h, w in RECT_SIZES])
+def test_swinv2_rectangular_config_matches_hf(rect_case, size):
+    """A list image_size and patch_size (formerly refused) as transformers."""
+    model, path, refs, ours = rect_case
+    pixels, ref = refs[size]
+    check(f"rect config {size[0]}x{size[1]}", named_outputs(ours, pixels), ref)
 
 
 def test_swinv2_base_model_checkpoint_loads(cls_case, tmp_path):
@@ -134,20 +231,25 @@ def test_swinv2_base_model_checkpoint_loads(cls_case, tmp_path):
     check("base model", out, {k: ref[k] for k in ("last_hidden_state", "pooler_output")})
 
 
-def test_swinv2_shift_mask_matters(cls_case):
+@pytest.mark.parametrize("size", [(32, 32), (28, 20), (12, 12)], ids=["32x32", "28x20", "12x12"])
+def test_swinv2_shift_mask_matters(cls_case, cls_sizes, size):
     """Negative control: the same weights through transformers with the shifted blocks'
-    region mask switched off are far from ours."""
+    region mask switched off are far from ours, at the config's size and at sizes whose
+    maps are padded to whole windows (the mask comes from the padded map)."""
     import torch
 
-    model, _, pixels, ref, ours = cls_case
-    layer = model.swinv2.encoder.layers[0].blocks[1]
-    orig = layer.get_attn_mask
-    layer.get_attn_mask = lambda *a, **k: None
+    model, _, _, _, ours = cls_case
+    pixels, ref = cls_sizes[size]
+    layers = [model.swinv2.encoder.layers[s].blocks[1] for s in (0, 1)]
+    origs = [layer.get_attn_mask for layer in layers]
+    for layer in layers:
+        layer.get_attn_mask = lambda *a, **k: None
     try:
         with torch.no_grad():
             other = model(torch.from_numpy(pixels)).logits.numpy()
     finally:
-        layer.get_attn_mask = orig
+        for layer, orig in zip(layers, origs):
+            layer.get_attn_mask = orig
     assert rel_err(other, ref["logits"]) > 100 * TOL
     assert rel_err(named_outputs(ours, pixels)["logits"], other) > 100 * TOL
 
