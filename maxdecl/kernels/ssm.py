@@ -1,4 +1,5 @@
-"""Runtime of ``causal_conv1d`` and ``selective_scan`` (``maxdecl.ops.ssm``).
+"""Runtime of ``causal_conv1d``, ``selective_scan``, ``linear_scan`` and
+``gated_delta_rule`` (``maxdecl.ops.ssm``).
 
 Leading batch dims are flattened to one ``B``; the wrappers check every shape, so
 the kernels never index past their inputs.
@@ -141,4 +142,74 @@ def _linear_scan_run(args, attrs):
     return [y, h.reshape(want_h)] if rest else [y]
 
 
-RUN = {"causal_conv1d": _conv_run, "selective_scan": _scan_run, "linear_scan": _linear_scan_run}
+@njit_twins()
+def _delta_rows(q, k, v, g, beta, s, o, r, scale, l2):
+    # q, k: (B, L, Hk, dk); v, o: (B, L, Hv, dv); g, beta: (B, L, Hv); s: (B, Hv, dk, dv)
+    # in/out. Value head h reads key head h // r. One recurrence per (b, h), in order.
+    nb, seq, hv = g.shape
+    dk, dv = q.shape[3], v.shape[3]
+    for bh in numba.prange(nb * hv):
+        b, h = bh // hv, bh % hv
+        j = h // r
+        st = s[b, h]
+        qn = np.empty(dk, np.float32)
+        kn = np.empty(dk, np.float32)
+        mem = np.empty(dv, np.float32)
+        for t in range(seq):
+            qs, ks = np.float32(1.0), np.float32(1.0)
+            if l2:
+                sq, sk = np.float32(0.0), np.float32(0.0)
+                for i in range(dk):
+                    sq += q[b, t, j, i] * q[b, t, j, i]
+                    sk += k[b, t, j, i] * k[b, t, j, i]
+                qs = np.float32(1.0) / np.sqrt(sq + np.float32(1e-6))
+                ks = np.float32(1.0) / np.sqrt(sk + np.float32(1e-6))
+            for i in range(dk):
+                qn[i] = q[b, t, j, i] * qs * scale
+                kn[i] = k[b, t, j, i] * ks
+            decay = np.exp(g[b, t, h])
+            for c in range(dv):
+                mem[c] = np.float32(0.0)
+            for i in range(dk):
+                for c in range(dv):
+                    st[i, c] *= decay
+                    mem[c] += st[i, c] * kn[i]
+            bt = beta[b, t, h]
+            for c in range(dv):
+                mem[c] = (v[b, t, h, c] - mem[c]) * bt          # the delta, scaled
+            for c in range(dv):
+                o[b, t, h, c] = np.float32(0.0)
+            for i in range(dk):
+                for c in range(dv):
+                    st[i, c] += kn[i] * mem[c]
+                    o[b, t, h, c] += st[i, c] * qn[i]
+
+
+def _delta_rule_run(args, attrs):
+    q, k, v, g, beta, *rest = (_f32(a) for a in args)
+    hk = attrs["k_heads"]
+    lead, seq = q.shape[:-2], q.shape[-2]
+    hv = g.shape[-1]
+    dk, dv = q.shape[-1] // hk, v.shape[-1] // hv
+    want_s = (*lead, hv, dk, dv)
+    ok = (q.ndim >= 2 and k.shape == q.shape and v.shape[:-1] == q.shape[:-1]
+          and g.shape == beta.shape == (*q.shape[:-1], hv) and q.shape[-1] == hk * dk
+          and v.shape[-1] == hv * dv and hv % hk == 0 and (not rest or rest[0].shape == want_s))
+    if not ok:
+        shapes = ", ".join(format_shape(a.shape) for a in args)
+        raise ValueError(f"gated_delta_rule: inputs {shapes} do not fit [..., seq, k_heads * "
+                         f"dk] (k_heads {hk}) and state {format_shape(want_s)}")
+    nb = int(np.prod(lead, dtype=np.int64))
+    s = (rest[0].copy() if rest else np.zeros(want_s, np.float32)).reshape(nb, hv, dk, dv)
+    o = np.empty((nb, seq, hv, dv), np.float32)
+    scale = np.float32(dk ** -0.5 if attrs["scale"] is None else attrs["scale"])
+    pick(_delta_rows, nb * hv * seq * dk * dv)(
+        q.reshape(nb, seq, hk, dk), k.reshape(nb, seq, hk, dk), v.reshape(nb, seq, hv, dv),
+        g.reshape(nb, seq, hv), beta.reshape(nb, seq, hv), s, o, hv // hk, scale,
+        attrs["qk_l2norm"])
+    o = o.reshape(v.shape)
+    return [o, s.reshape(want_s)] if rest else [o]
+
+
+RUN = {"causal_conv1d": _conv_run, "selective_scan": _scan_run, "linear_scan": _linear_scan_run,
+       "gated_delta_rule": _delta_rule_run}

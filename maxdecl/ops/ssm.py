@@ -14,15 +14,18 @@ step feeds back the state the previous step returned. Runtime: ``maxdecl.kernels
 * ``linear_scan(a, x, state?)``: the plain first-order linear recurrence
   ``h_t = a_t * h_{t-1} + x_t`` per channel, every ``h_t`` out (Griffin's RG-LRU,
   minGRU, any gated linear RNN); ``a_t = 0`` restarts it exactly.
+* ``gated_delta_rule(q, k, v, g, beta, state?)``: Gated DeltaNet's matrix memory per
+  value head (Qwen3-Next's linear attention): ``S = exp(g_t) S``, ``S += k_t (beta_t (v_t
+  - S^T k_t))^T``, ``o_t = S^T q_t``.
 """
 
 from __future__ import annotations
 
 from ..dtypes import DType, TensorType, format_shape
 from . import _checks
-from ._registry import apply, define
+from ._registry import REQUIRED, apply, define
 
-__all__ = ["causal_conv1d", "selective_scan", "linear_scan"]
+__all__ = ["causal_conv1d", "selective_scan", "linear_scan", "gated_delta_rule"]
 
 
 def _float32(*pairs):
@@ -205,3 +208,83 @@ def linear_scan(a, x, state=None):
         h, state = md.ops.linear_scan(decay, gated_input, state)
     """
     return apply("linear_scan", [a, x] + ([state] if state is not None else []))
+
+
+# -- gated_delta_rule ----------------------------------------------------------------------
+def _delta_rule_rule(types, attrs):
+    q, k, v, g, beta, *rest = types
+    _float32((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta"),
+             *((s, "state") for s in rest))
+    hk = attrs["k_heads"]
+    if isinstance(hk, bool) or not isinstance(hk, int) or hk < 1:
+        raise ValueError(f"k_heads must be a positive int, got {hk!r}")
+    if q.rank < 2 or not _same_dims(q.shape, k.shape):
+        raise ValueError(f"q{format_shape(q.shape)} and k{format_shape(k.shape)} must share "
+                         "one shape [..., seq, k_heads * dk]")
+    lead = q.shape[:-1]
+    for val, what in ((v, "v"), (g, "g"), (beta, "beta")):
+        if not _same_dims(val.shape[:-1], lead) or val.rank != q.rank:
+            raise ValueError(f"{what}{format_shape(val.shape)} must be [..., seq, ...] like "
+                             f"q{format_shape(q.shape)}")
+    if not _same_dims(g.shape, beta.shape):
+        raise ValueError(f"g{format_shape(g.shape)} and beta{format_shape(beta.shape)} must "
+                         "share one shape [..., seq, v_heads]")
+    ck, cv, hv = q.shape[-1], v.shape[-1], g.shape[-1]
+    if not all(isinstance(d, int) for d in (ck, cv, hv)):
+        raise ValueError(f"the widths of q{format_shape(q.shape)}, v{format_shape(v.shape)} "
+                         f"and g{format_shape(g.shape)} must be static")
+    if ck % hk or hv % hk or cv % hv:
+        raise ValueError(f"q's width {ck} must split into k_heads {hk}, g's v_heads {hv} "
+                         f"must be a multiple of k_heads, and v's width {cv} must split into "
+                         f"{hv} heads")
+    dk, dv = ck // hk, cv // hv
+    out = TensorType(DType.float32, v.shape)
+    if not rest:
+        return [out]
+    want = (*q.shape[:-2], hv, dk, dv)
+    if not _same_dims(rest[0].shape, want):
+        raise ValueError(f"state{format_shape(rest[0].shape)} must be {format_shape(want)} "
+                         "(one [dk, dv] memory per value head)")
+    return [out, TensorType(DType.float32, want)]
+
+
+def _normalize_delta_rule(attrs):
+    scale = attrs["scale"]
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise ValueError(f"scale must be a number or None, got {scale!r}")
+    return {**attrs, "scale": None if scale is None else float(scale),
+            "qk_l2norm": bool(attrs["qk_l2norm"])}
+
+
+define("gated_delta_rule", rule=_delta_rule_rule, run="ssm",
+       inputs=("q", "k", "v", "g", "beta"), optional=("state",),
+       attrs={"k_heads": REQUIRED, "scale": None, "qk_l2norm": False}, kind="ssm",
+       normalize=_normalize_delta_rule,
+       outputs=lambda n, attrs: 2 if n >= 6 else 1,
+       sequence_axis=-2, sequence_inputs=("q", "k", "v", "g", "beta"), state={"state": 1},
+       outputs_doc="o; with `state` also the new state",
+       doc="Gated DeltaNet's recurrence per value head: S = exp(g_t) * S, S += k_t (beta_t * "
+           "(v_t - S^T k_t))^T, o_t = S^T q_t (transformers' torch_recurrent_gated_delta_rule"
+           "; q and k optionally L2-normalised, q scaled by `scale`, default dk^-0.5)",
+       rule_doc="q, k float32 [..., seq, k_heads * dk], v [..., seq, v_heads * dv], g, beta "
+                "[..., seq, v_heads] (v_heads a multiple of k_heads), state [..., v_heads, "
+                "dk, dv] -> o [..., seq, v_heads * dv] (and the new state)")
+
+
+def gated_delta_rule(q, k, v, g, beta, state=None, k_heads=1, scale=None, qk_l2norm=False):
+    """Gated DeltaNet's matrix-memory recurrence (Qwen3-Next's linear attention layers).
+
+    ``q, k [..., seq, k_heads * dk]``, ``v [..., seq, v_heads * dv]``, ``g`` (the log
+    decay, <= 0) and ``beta`` (the write strength) ``[..., seq, v_heads]``, all float32.
+    Key head ``j`` serves value heads ``j * r .. j * r + r - 1`` (``r = v_heads /
+    k_heads``, transformers' ``repeat_interleave``). Per value head, the memory ``S [dk,
+    dv]`` starts as ``state [..., v_heads, dk, dv]`` (zeros when None) and for each t:
+    ``S = exp(g_t) S``; ``S += k_t (beta_t (v_t - S^T k_t))^T``; ``o_t = S^T q_t``, with
+    q and k first L2-normalised when ``qk_l2norm`` (``x / sqrt(sum x^2 + 1e-6)``) and q
+    scaled by ``scale`` (default ``dk ** -0.5``). With a state, returns ``(o,
+    new_state)``. A prefill and step-by-step decoding give the same outputs (one
+    recurrence in float32, in order).
+    """
+    ins = [q, k, v, g, beta] + ([] if state is None else [state])
+    outs = apply("gated_delta_rule", ins, k_heads=k_heads, scale=scale, qk_l2norm=qk_l2norm)
+    return outs[0] if state is None else (outs[0], outs[1])
