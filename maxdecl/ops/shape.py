@@ -177,6 +177,11 @@ def _slice_rule(inputs, attrs):
             out[a] = len(range(*builtins.slice(s, e, st).indices(d)))
         elif (s in (None, 0) and st == 1 and (e is None or e >= 2**31 - 1)):
             out[a] = d  # the whole symbolic dim
+        elif (st > 1 and 0 <= (s or 0) < st and (e is None or e >= 2**31 - 1)
+              and dims.divide(d, st) is not None):
+            # every st-th row of a multiple of st, from any of the first st: d / st rows
+            # (the even and the odd rows of a padded map, Swin's patch merging)
+            out[a] = dims.divide(d, st)
         else:
             # a compound dim is sliced whole: "(h+1)[1::1]", never h + "1[1::1]"
             base = d if d.isidentifier() else f"({d})"

@@ -500,3 +500,23 @@ def test_expand_as_with_axes_takes_only_those_sizes_from_like(rng):
                             (dict(axes=[0, 0]), "repeat an axis"), (dict(axes=[]), "non-empty")]:
         with pytest.raises(md.GraphError, match=message):
             md.ops.expand_as(*g.inputs, **kwargs)
+
+
+def test_strided_slices_of_a_padded_symbolic_axis_keep_one_length(rng):
+    """``x[:, 0::2]`` and ``x[:, 1::2]`` of a map padded to even (Swin's patch merging)
+    both type as half the padded length, so they concat; as torch at odd and even sizes."""
+    g = md.Graph("t", [md.TensorType("float32", ("n", "h", "w", 3))])
+    x = md.ops.pad_to_multiple(g.inputs[0], axes=[1, 2], multiples=[2, 2])
+    parts = [md.ops.slice(x, starts=[r, c], ends=[None, None], axes=[1, 2], steps=[2, 2])
+             for r, c in ((0, 0), (1, 0), (0, 1), (1, 1))]
+    assert len({p.shape for p in parts}) == 1
+    y = md.ops.concat(parts, axis=-1)
+    g.output(y)
+    for h, w in ((4, 6), (5, 3), (1, 1)):
+        a = rng.standard_normal((2, h, w, 3)).astype(np.float32)
+        t = torch.nn.functional.pad(torch.from_numpy(a), (0, 0, 0, w % 2, 0, h % 2))
+        want = torch.cat([t[:, 0::2, 0::2], t[:, 1::2, 0::2], t[:, 0::2, 1::2],
+                          t[:, 1::2, 1::2]], -1).numpy()
+        np.testing.assert_array_equal(g.execute(a)[0], want)
+    odd = md.ops.slice(g.inputs[0], starts=[1], ends=[None], axes=[1], steps=[2])
+    assert odd.shape[1] != "h" and "[" in odd.shape[1]        # not a multiple of 2: opaque
