@@ -128,19 +128,18 @@ def _running_rule(name):
     return rule
 
 
-define("cumsum", rule=_running_rule("cumsum"), run="reduction", attrs={"axis": -1}, kind="reduction",
-       normalize=lambda a: {**a, "axis": int(a["axis"])},
-       doc="running sum along axis, first element first (torch.cumsum, np.cumsum); as "
-           "torch on CPU, float32 sums accumulate in float64 and float16 in float32, each "
-           "running value rounded once; integer sums keep the dtype",
-       rule_doc="x not bool; out: the type of x")
-
-define("cummax", rule=_running_rule("cummax"), run="reduction", attrs={"axis": -1}, kind="reduction",
-       normalize=lambda a: {**a, "axis": int(a["axis"])},
-       doc="running maximum along axis, first element first (the values of torch.cummax, "
-           "np.maximum.accumulate); a NaN stays the maximum from where it appears, as in "
-           "torch",
-       rule_doc="x not bool; out: the type of x")
+_RUNNING_DOC = {
+    "cumsum": "running sum along axis, first element first (torch.cumsum, np.cumsum); as "
+              "torch on CPU, float32 sums accumulate in float64 and float16 in float32, each "
+              "running value rounded once; integer sums keep the dtype",
+    "cummax": "running maximum along axis, first element first (the values of torch.cummax, "
+              "np.maximum.accumulate); a NaN stays the maximum from where it appears, as in "
+              "torch",
+}
+for _name, _doc in _RUNNING_DOC.items():
+    define(_name, rule=_running_rule(_name), run="reduction", attrs={"axis": -1},
+           kind="reduction", normalize=lambda a: {**a, "axis": int(a["axis"])}, doc=_doc,
+           rule_doc="x not bool; out: the type of x")
 
 
 @public
