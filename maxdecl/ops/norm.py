@@ -75,7 +75,9 @@ define("normalize", rule=_normalize_rule, run="norm", attrs={"axis": -1, "p": 2.
                                                               "epsilon": 1e-12},
        normalize=_normalize_attrs, kind="norm",
        doc="x / max(||x||_p, epsilon) along axis (torch.nn.functional.normalize: unit "
-           "embeddings, cosine attention's q and k); float32 math",
+           "embeddings, cosine attention's q and k); float32 math. Not the epsilon-inside "
+           "form x / sqrt(sum x^2 + eps) of FLA-style l2norm (gated_delta_rule's "
+           "qk_l2norm has that one): write it as rsqrt of sum plus eps where needed",
        rule_doc="x float, rank >= 1; axis one of x's; p > 0, epsilon >= 0; out: the type of x")
 define("layer_norm", rule=_norm_rule, run="norm", inputs=("x", "gamma"), optional=("beta",),
        attrs={"epsilon": 1e-5}, normalize=_eps, kind="norm",
