@@ -436,6 +436,9 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
     for at, s in enumerate(order):
         for x in steps[s].inputs:
             last[v(x)] = at
+    dies_at: dict[int, list] = {}            # step position -> the names last read there
+    for name, at in last.items():
+        dies_at.setdefault(at, []).append(name)
     keep = {v(x) for x in graph.outputs}
     memo = []
     if flags is not None:                    # fixed values the rest reads or returns
@@ -474,7 +477,7 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
         defs[s] = opdef
         lines.append(line)
         line_step[len(lines)] = s
-        dead = [name for name, at_ in last.items() if at_ == at and name not in keep]
+        dead = [name for name in dies_at.get(at, ()) if name not in keep]
         if dead:
             lines.append(f"{pad}del {', '.join(sorted(dead))}")
     if flags is not None and (not order or flags[order[-1]]):

@@ -157,10 +157,11 @@ class _Cursor:
         """``count`` length-prefixed strings as one StringArray (no object per item)."""
         buf, unpack, size = self.buf, struct.Struct("<Q").unpack_from, self.size
         first = pos = self.pos
+        fast = _short_string_ends(buf, first, count, size)
         ends = array("q")                     # where each string ends (the next prefix)
         append = ends.append
         try:
-            for _ in range(count):            # the one sequential part: kept minimal
+            for _ in range(0 if fast is not None else count):   # sequential: kept minimal
                 pos += unpack(buf, pos)[0] + 8
                 append(pos)
         except (struct.error, OverflowError):  # a prefix past the end of the file, or a
@@ -169,7 +170,10 @@ class _Cursor:
             self.fail(f"corrupted GGUF: {what} holds a string whose length "
                       f"({unpack(buf, self.pos)[0]:,} bytes, at offset {self.pos}) runs past "
                       f"the end of the file ({size} bytes)")
-        end = np.frombuffer(ends, np.int64) if count else np.zeros(0, np.int64)
+        if fast is not None:
+            end, pos = fast, int(fast[-1]) if count else first
+        else:
+            end = np.frombuffer(ends, np.int64) if count else np.zeros(0, np.int64)
         start = np.empty(count, np.int64)     # where each string's bytes begin
         if count:
             start[0] = first + 8
@@ -193,6 +197,38 @@ class _Cursor:
         blob = region[keep].tobytes()
         del region
         return StringArray(blob, offsets)
+
+
+def _short_string_ends(buf, first: int, count: int, size: int):
+    """Where each of ``count`` length-prefixed strings from ``first`` ends (int64), found
+    at once when every string is shorter than 256 bytes (token tables): a length prefix
+    is then a u64 below 256, so the prefixes are among the offsets whose eight bytes read
+    so, and the walk ``p -> p + 8 + length`` is checked to step exactly from one to the
+    next. None when it does not (a longer string, seven zero bytes inside a text): the
+    caller walks them one by one. Reads only ``buf[first:size]``, a window at a time
+    (Gemma 3's 262,144 tokens: ~10 ms against ~110 ms one by one)."""
+    out, pos, left = [], first, count
+    window = 16 * count + 4096
+    while left:
+        hi = min(size, pos + window)
+        if hi - pos < 8:
+            return None
+        words = np.ndarray((hi - pos - 7,), "<u8", buffer=buf, offset=pos, strides=(1,))
+        cand = np.flatnonzero(words < 256)
+        if not len(cand) or cand[0] != 0:
+            return None
+        nxt = cand + 8 + words[cand].astype(np.int64)
+        brk = np.flatnonzero(nxt[:-1] != cand[1:])
+        k = min(int(brk[0]) + 1 if len(brk) else len(cand), left)
+        if k < left and nxt[k - 1] + 8 <= hi - pos:
+            return None                   # the next prefix lies inside but was not found
+        out.append(nxt[:k] + pos)
+        step = int(nxt[k - 1])
+        pos, left = pos + step, left - k
+        if pos > size:
+            return None
+        window = step * left // k + step // 8 + 4096       # the rest, at this rate
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def _open(path: str):
