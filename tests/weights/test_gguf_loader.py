@@ -329,3 +329,46 @@ def test_a_string_length_past_any_offset_is_a_clear_error(tmp_path, length):
     bad.write_bytes(bytes(data))
     with pytest.raises(md.WeightsError, match=r"bad\.gguf: .*tokenizer\.ggml\.tokens"):
         md.load_weights(str(bad))
+
+
+def _string_table(texts) -> bytes:
+    return b"".join(struct.pack("<Q", len(t)) + t for t in texts)
+
+
+def _walk(blob: bytes, first: int, count: int) -> list:
+    ends, pos = [], first
+    for _ in range(count):
+        pos += struct.unpack_from("<Q", blob, pos)[0] + 8
+        ends.append(pos)
+    return ends
+
+
+def test_short_string_tables_are_found_at_once_or_left_to_the_walk():
+    """``_short_string_ends`` gives the walk's ends for tables of strings under 256 bytes
+    (any bytes, empty strings, zero bytes in a text, a tail of other data), None where a
+    string is longer or the count or size lie; it never reads past ``size``."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from maxdecl.weights.gguf import _short_string_ends
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(texts=st.lists(st.binary(max_size=40), max_size=60),
+           head=st.binary(max_size=9), tail=st.binary(max_size=30))
+    def check(texts, head, tail):
+        blob = head + _string_table(texts) + tail
+        got = _short_string_ends(blob, len(head), len(texts), len(blob))
+        if got is not None:                    # when it answers, it is the walk's answer
+            assert got.tolist() == _walk(blob, len(head), len(texts))
+
+    check()
+    texts = [b"a", b"", b"\xe2\x96\x81the", bytes(range(1, 200))]
+    blob = _string_table(texts)
+    assert _short_string_ends(blob, 0, 4, len(blob)).tolist() == _walk(blob, 0, 4)
+    long = _string_table([b"a", b"x" * 300, b"b"])
+    assert _short_string_ends(long, 0, 3, len(long)) is None
+    zeros = _string_table([b"a", b"q" + b"\0" * 7 + b"z", b"", b"b"])   # offsets that
+    assert _short_string_ends(zeros, 0, 4, len(zeros)).tolist() == _walk(zeros, 0, 4)  # lie
+    short = _string_table([b"ab", b"cd"])
+    assert _short_string_ends(short, 0, 3, len(short)) is None      # a count that lies
+    assert _short_string_ends(short, 0, 2, len(short) - 1) is None   # cut short
