@@ -275,7 +275,7 @@ def cmd_validate(args) -> int:
         return EXIT_USAGE
     text = format_problems(problems, args.format)
     if text:
-        print(text)
+        print(text, flush=True)     # before the summary on stderr, when both share a pipe
     if args.format == "text":
         n = len(paths)
         if problems:

@@ -148,8 +148,11 @@ class _Builder:
         return None
 
     def _mapping(self, node, path, depth):
-        out = {}
+        out, merged = {}, {}
         for key_node, value_node in node.value:
+            if key_node.tag == _CORE + "merge":     # `<<: *base`: YAML's merge key
+                self._merge(value_node, path, depth, merged)
+                continue
             if not isinstance(key_node, yaml.ScalarNode):
                 self.problem(key_node, path, "mapping keys must be plain scalars")
                 continue
@@ -165,8 +168,23 @@ class _Builder:
             self.marks[sub + "#key"] = (key_node.start_mark.line + 1,
                                         key_node.start_mark.column + 1)
             out[key] = self.build(value_node, sub, depth + 1)
+        for key, value in merged.items():           # keys written here win over merged ones
+            out.setdefault(key, value)
         self.marks.pop(path + "/#key", None)
         return out
+
+    def _merge(self, value_node, path, depth, merged):
+        """The mappings of a merge key (one, or a list: the first to give a key wins)
+        into ``merged``."""
+        sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        for src in sources:
+            if not isinstance(src, yaml.MappingNode):
+                self.problem(src, path, "a merge key '<<' takes a mapping or a list of "
+                             "mappings (`<<: *base`)")
+                continue
+            self.count += 1
+            for key, value in self._mapping(src, path, depth + 1).items():
+                merged.setdefault(key, value)
 
 
 def position(text: str, index: int) -> tuple[int, int]:

@@ -59,3 +59,28 @@ def test_alias_bomb_is_stopped():
 def test_recursive_alias_is_stopped():
     _, _, problems = load_yaml("a: &x [*x]\n")
     assert problems and ("too large" in problems[0].message or "YAML" in problems[0].message)
+
+
+def test_merge_keys_fill_what_the_mapping_does_not_say():
+    """YAML's ``<<: *base`` (and a list of bases, the first to give a key winning); keys
+    written in the mapping win wherever they stand; anything but mappings is a problem."""
+    text = ("base: &b {dim: 8, hidden: 16, act: silu}\n"
+            "more: &m {act: gelu, eps: 1.0e-6}\n"
+            "big: {dim: 32, <<: *b}\n"
+            "both: {<<: [*m, *b], dim: 4}\n")
+    data, marks, problems = load_yaml(text)
+    assert problems == []
+    assert data["big"] == {"dim": 32, "hidden": 16, "act": "silu"}
+    assert data["both"] == {"dim": 4, "act": "gelu", "eps": 1.0e-6, "hidden": 16}
+    assert marks["/big/dim"] == (3, 12)
+    _, _, problems = load_yaml("a: {<<: [1, {x: 2}], y: 3}\n")
+    assert len(problems) == 1 and "merge key '<<' takes a mapping" in problems[0].message
+
+
+def test_a_merge_bomb_is_stopped():
+    lines = ["a0: &a0 {x0: 1, x1: 1, x2: 1, x3: 1, x4: 1, x5: 1, x6: 1, x7: 1, x8: 1, x9: 1}"]
+    for k in range(1, 9):
+        lines.append(f"a{k}: &a{k} {{{', '.join(f'y{j}: *a{k - 1}' for j in range(10))}}}")
+    lines.append("b: {<<: [*a8, *a7, *a6]}")
+    _, _, problems = load_yaml("\n".join(lines) + "\n")
+    assert any("too large" in p.message for p in problems)
