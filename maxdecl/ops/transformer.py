@@ -128,8 +128,10 @@ def _normalize_attention(attrs):
     out["causal"] = bool(attrs["causal"])
     out["scale"] = None if attrs["scale"] is None else float(attrs["scale"])
     w = attrs["sliding_window"]
-    if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
-        raise ValueError(f"sliding_window must be a positive int or None, got {w!r}")
+    if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 0):
+        raise ValueError(f"sliding_window must be a positive int, 0 or None (no window), "
+                         f"got {w!r}")
+    out["sliding_window"] = w or None
     out["alibi_slopes"] = (None if attrs["alibi_slopes"] is None
                            else tuple(float(s) for s in attrs["alibi_slopes"]))
     cap = attrs["softcap"]

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import maxdecl as md
 from maxdecl.kernels import attention as kern
 
 
@@ -210,3 +211,16 @@ def test_spread_tasks_take_the_most_heads_that_keep_every_thread_busy():
     assert spread_per(4, 1, 4) == 1 and spread_per(4, 1, 16) == 1
     assert spread_per(6, 1, 4) == 1          # 3 heads a task would leave 2 threads idle
     assert spread_per(8, 2, 4) == 4
+
+
+def test_a_zero_sliding_window_is_no_window(rng):
+    """``sliding_window: 0`` means none, as ``"{sliding_window or 0}"`` maps a config's
+    null; a negative window is refused."""
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 2, 4))] * 3)
+    q, k, v = g.inputs
+    g.output([md.ops.attention(q, k, v, sliding_window=0), md.ops.attention(q, k, v)])
+    x = rng.standard_normal((6, 2, 4)).astype(np.float32)
+    a, b = g.execute(x, x, x)
+    assert a.tobytes() == b.tobytes()
+    with pytest.raises(md.GraphError, match="sliding_window must be a positive int, 0 or None"):
+        md.ops.attention(q, k, v, sliding_window=-1)
