@@ -34,11 +34,12 @@ def _min_run(args, attrs):
     return [np.asarray(np.min(x, axis=_np_axis(attrs["axis"]), keepdims=attrs["keepdims"]))]
 
 
-def _argmax_run(args, attrs):
-    x = args[0]
-    # first index of the maximum, as torch and NumPy (a NaN counts as the maximum)
-    out = np.argmax(x, axis=attrs["axis"], keepdims=attrs["keepdims"])
-    return [np.asarray(out, dtype=np.int64)]
+def _arg_run(fn):
+    def run(args, attrs):
+        # the first index, as torch and NumPy (a NaN counts as the extreme)
+        out = fn(args[0], axis=attrs["axis"], keepdims=attrs["keepdims"])
+        return [np.asarray(out, dtype=np.int64)]
+    return run
 
 
 def _cumsum_run(args, attrs):
@@ -65,5 +66,5 @@ def _softmax_run(args, attrs):
 
 
 RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "min": _min_run,
-       "argmax": _argmax_run,
+       "argmax": _arg_run(np.argmax), "argmin": _arg_run(np.argmin),
        "cumsum": _cumsum_run, "cummax": _cummax_run, "softmax": _softmax_run}

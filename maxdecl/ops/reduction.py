@@ -13,7 +13,7 @@ from ..dtypes import DType, TensorType
 from . import _checks
 from ._registry import define, public
 
-__all__ = ["sum", "mean", "max", "min", "argmax", "cumsum", "cummax", "softmax"]
+__all__ = ["sum", "mean", "max", "min", "argmax", "argmin", "cumsum", "cummax", "softmax"]
 
 
 def _normalize_axis(attrs):
@@ -64,17 +64,19 @@ def _reduce_rule(name):
     return infer
 
 
-def _argmax_rule(inputs, attrs):
-    (x,) = inputs
-    _checks.not_quantized(x)
-    _checks.no_bfloat16(x)
-    if isinstance(attrs["axis"], tuple):
-        raise ValueError(f"argmax takes one axis (or None), got {attrs['axis']}")
-    if attrs["axis"] is None:
-        shape = (1,) * x.rank if attrs["keepdims"] else ()
-    else:
-        shape = _reduced_shape(x, attrs)
-    return [TensorType(DType.int64, shape)]
+def _arg_rule(name):
+    def rule(inputs, attrs):
+        (x,) = inputs
+        _checks.not_quantized(x)
+        _checks.no_bfloat16(x)
+        if isinstance(attrs["axis"], tuple):
+            raise ValueError(f"{name} takes one axis (or None), got {attrs['axis']}")
+        if attrs["axis"] is None:
+            shape = (1,) * x.rank if attrs["keepdims"] else ()
+        else:
+            shape = _reduced_shape(x, attrs)
+        return [TensorType(DType.int64, shape)]
+    return rule
 
 
 _AXIS = {"axis": -1, "keepdims": False}
@@ -84,9 +86,12 @@ for _name in ("sum", "mean", "max", "min"):
            doc=f"{_name} over axis (an int, a list, or null for every axis)",
            rule_doc=("x float" if _name == "mean" else "x not bool")
            + "; reduced axes dropped, or 1 with keepdims")
-define("argmax", rule=_argmax_rule, run="reduction", attrs=_AXIS, normalize=_normalize_axis,
-       kind="reduction", doc="int64 index of the first maximum along axis",
-       rule_doc="one axis or null; out int64")
+for _name, _what in (("argmax", "maximum"), ("argmin", "minimum")):
+    define(_name, rule=_arg_rule(_name), run="reduction", attrs=_AXIS,
+           normalize=_normalize_axis, kind="reduction",
+           doc=f"int64 index of the first {_what} along axis (a NaN counts as the {_what}, "
+               "as in torch and NumPy)",
+           rule_doc="one axis or null; out int64")
 
 
 def _reduce_axis(axis):
@@ -116,6 +121,12 @@ def min():  # noqa: A001 - the signature comes from the definition
 @public
 def argmax():  # noqa: A001 - the signature comes from the definition
     """int64 index of the first maximum along ``axis`` (None: of the flattened tensor)."""
+
+
+@public
+def argmin():  # noqa: A001 - the signature comes from the definition
+    """int64 index of the first minimum along ``axis`` (None: of the flattened tensor):
+    the nearest codebook entry from a distance (a vector quantizer)."""
 
 
 # -- cumsum -----------------------------------------------------------------------------

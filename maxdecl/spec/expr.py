@@ -141,6 +141,19 @@ def _sum(xs, start=0):
     return total
 
 
+def _prod(xs, start=1):
+    """``math.prod(xs)`` of numbers (a hop length from its conv strides), each product
+    checked against the integer budget as ``a * b`` is."""
+    if not isinstance(xs, (list, tuple)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (*xs, start)):
+        raise ExprError(f"prod takes a list of numbers, got {xs!r}")
+    total = start
+    for v in xs:
+        budgets.check_binop("*", total, v)
+        total = total * v
+    return total
+
+
 def _float32(x):
     """``x`` rounded to the nearest float32 (as a Python float): a table that torch builds
     in float32 step by step (a frequency, then its angle) reproduced exactly."""
@@ -184,7 +197,7 @@ def _make_divisible(v, divisor, min_value=None):
 CONSTANTS = {"pi": math.pi}   # names every expression sees (a param cannot take them)
 
 FUNCTIONS = {
-    "range": _range, "zip": _zip, "make_divisible": _make_divisible, "typeof": _typeof, "sum": _sum, "sin": math.sin, "cos": math.cos,
+    "range": _range, "zip": _zip, "make_divisible": _make_divisible, "typeof": _typeof, "sum": _sum, "prod": _prod, "sin": math.sin, "cos": math.cos,
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,

@@ -28,12 +28,13 @@ def test_integer_sum_keeps_dtype():
 
 
 @pytest.mark.parametrize("axis,keepdims", [(-1, False), (1, True), (None, False)])
-def test_argmax(rng, axis, keepdims):
+def test_argmax_and_argmin(rng, axis, keepdims):
     x = rng.integers(0, 4, (3, 6)).astype(np.float32)  # ties: first index, as torch
-    out = run_op(md.ops.argmax, x, axis=axis, keepdims=keepdims)
-    ref = torch.argmax(torch.from_numpy(x), dim=axis, keepdim=keepdims).numpy()
-    assert out.dtype == np.int64
-    np.testing.assert_array_equal(out, ref)
+    for name in ("argmax", "argmin"):
+        out = run_op(getattr(md.ops, name), x, axis=axis, keepdims=keepdims)
+        ref = getattr(torch, name)(torch.from_numpy(x), dim=axis, keepdim=keepdims).numpy()
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, ref)
 
 
 @pytest.mark.parametrize("axis", [-1, 0, 1])
