@@ -50,6 +50,8 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("[make_divisible(c, 8) for c in [3, 16 * 0.25, 32 * 0.75, 100, 1000 * 1.4]]",
      [8, 8, 24, 104, 1400]),
     ("make_divisible(10, 8, 16)", 16),
+    ("prod([2, 4, 5, 8])", 320),
+    ("prod(sizes, 0.5)", 3.0),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
@@ -85,6 +87,8 @@ def test_evaluates(text, want):
     ("float32('a')", "float32 takes a number"),
     ("zip(dim)", "zip takes lists"),
     ("make_divisible(8, 0)", "positive divisor"),
+    ("prod([1, 'a'])", "prod takes a list of numbers"),
+    ("prod([2 ** 2000, 2 ** 2000, 2 ** 2000])", "bits"),
     ("[pi for pi in sizes]", "cannot bind the constant 'pi'"),
 ])
 def test_refuses(text, fragment):
