@@ -205,8 +205,9 @@ def _short_string_ends(buf, first: int, count: int, size: int):
     is then a u64 below 256, so the prefixes are among the offsets whose eight bytes read
     so, and the walk ``p -> p + 8 + length`` is checked to step exactly from one to the
     next (an offset no other one steps to is dropped first). None when it does not (a
-    longer string, seven zero bytes inside a text): the caller walks them one by one. Reads only ``buf[first:size]``, a window at a time
-    (Gemma 3's 262,144 tokens: ~10 ms against ~110 ms one by one)."""
+    longer string, a count or size that lies): the caller walks them one by one. Reads
+    only ``buf[first:size]``, a window at a time. Gemma 3's 262,144 tokens, the whole
+    string table: 28-43 ms against 108 ms one by one."""
     out, pos, left = [], first, count
     window = 16 * count + 4096
     while left:
