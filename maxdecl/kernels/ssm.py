@@ -189,11 +189,12 @@ def _delta_rule_run(args, attrs):
     q, k, v, g, beta, *rest = (_f32(a) for a in args)
     hk = attrs["k_heads"]
     lead, seq = q.shape[:-2], q.shape[-2]
-    hv = g.shape[-1]
-    dk, dv = q.shape[-1] // hk, v.shape[-1] // hv
+    hv = max(g.shape[-1], 1)
+    dk, dv = max(q.shape[-1] // hk, 1), v.shape[-1] // hv
     want_s = (*lead, hv, dk, dv)
     ok = (q.ndim >= 2 and k.shape == q.shape and v.shape[:-1] == q.shape[:-1]
           and g.shape == beta.shape == (*q.shape[:-1], hv) and q.shape[-1] == hk * dk
+          and v.shape[-1] >= hv
           and v.shape[-1] == hv * dv and hv % hk == 0 and (not rest or rest[0].shape == want_s))
     if not ok:
         shapes = ", ".join(format_shape(a.shape) for a in args)

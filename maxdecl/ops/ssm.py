@@ -233,6 +233,9 @@ def _delta_rule_rule(types, attrs):
     if not all(isinstance(d, int) for d in (ck, cv, hv)):
         raise ValueError(f"the widths of q{format_shape(q.shape)}, v{format_shape(v.shape)} "
                          f"and g{format_shape(g.shape)} must be static")
+    if hv < 1 or ck < hk or cv < hv:
+        raise ValueError(f"g{format_shape(g.shape)} needs at least one value head, and q "
+                         f"and v at least one channel a head")
     if ck % hk or hv % hk or cv % hv:
         raise ValueError(f"q's width {ck} must split into k_heads {hk}, g's v_heads {hv} "
                          f"must be a multiple of k_heads, and v's width {cv} must split into "

@@ -81,6 +81,10 @@ def test_scale_and_state_shape_rules():
         md.ops.gated_delta_rule(q, k, v, gg, beta, k_heads=3)
     with pytest.raises(md.GraphError, match="k_heads must be a positive int"):
         md.ops.gated_delta_rule(q, k, v, gg, beta, k_heads=0)
+    empty = md.Graph("e", [f32("seq", 16), f32("seq", 16), f32("seq", 12), f32("seq", 0),
+                           f32("seq", 0)])
+    with pytest.raises(md.GraphError, match="at least one value head"):
+        md.ops.gated_delta_rule(*empty.inputs, k_heads=2)
 
 
 def test_a_batched_step_gives_each_sequence_its_own_memory(rng):
