@@ -111,7 +111,8 @@ class _Builder:
         m = node.start_mark
         self.problems.append(RawProblem(m.line + 1, m.column + 1, path, message))
 
-    def build(self, node, path="", depth=0):
+    def _over_budget(self, node, path, depth) -> bool:
+        """Count one node; True (reported once) past MAX_YAML_NODES or MAX_YAML_DEPTH."""
         self.count += 1
         if self.count > _MAX_NODES or depth > _MAX_DEPTH:
             if not self.too_big:
@@ -119,6 +120,11 @@ class _Builder:
                 self.problem(node, path, f"document too large or too deeply nested: more "
                              f"than {_MAX_NODES:,} nodes (MAX_YAML_NODES) or {_MAX_DEPTH} levels "
                              "(MAX_YAML_DEPTH) once aliases are expanded")
+            return True
+        return False
+
+    def build(self, node, path="", depth=0):
+        if self._over_budget(node, path, depth):
             return None
         self.marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
         tag = node.tag or ""
@@ -182,7 +188,8 @@ class _Builder:
                 self.problem(src, path, "a merge key '<<' takes a mapping or a list of "
                              "mappings (`<<: *base`)")
                 continue
-            self.count += 1
+            if self._over_budget(src, path, depth + 1):    # also a mapping merging itself
+                return
             for key, value in self._mapping(src, path, depth + 1).items():
                 merged.setdefault(key, value)
 

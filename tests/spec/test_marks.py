@@ -84,3 +84,8 @@ def test_a_merge_bomb_is_stopped():
     lines.append("b: {<<: [*a8, *a7, *a6]}")
     _, _, problems = load_yaml("\n".join(lines) + "\n")
     assert any("too large" in p.message for p in problems)
+
+
+def test_a_mapping_that_merges_itself_is_stopped():
+    _, _, problems = load_yaml("a: &x {b: 1, <<: *x}\n")
+    assert len(problems) == 1 and "too large or too deeply nested" in problems[0].message
