@@ -274,7 +274,7 @@ define("gated_delta_rule", rule=_delta_rule_rule, run="ssm",
                 "dk, dv] -> o [..., seq, v_heads * dv] (and the new state)")
 
 
-def gated_delta_rule(q, k, v, g, beta, state=None, k_heads=1, scale=None, qk_l2norm=False):
+def gated_delta_rule(q, k, v, g, beta, state=None, *, k_heads, scale=None, qk_l2norm=False):
     """Gated DeltaNet's matrix-memory recurrence (Qwen3-Next's linear attention layers).
 
     ``q, k [..., seq, k_heads * dk]``, ``v [..., seq, v_heads * dv]``, ``g`` (the log

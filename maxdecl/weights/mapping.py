@@ -563,9 +563,8 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
     transforms = transforms or {}
     params = params or {}
     exact = {s: t for s, t in tensors.items() if not _is_pattern(s)}
-    # placeholder patterns before ``*`` ones, each kind in the order written
-    patterns = sorted(((_compile(s), s, t) for s, t in tensors.items() if _is_pattern(s)),
-                      key=lambda e: "*" in e[1])
+    # patterns in the order written: the first that matches a name takes it
+    patterns = [(_compile(s), s, t) for s, t in tensors.items() if _is_pattern(s)]
     for s, t in tensors.items():
         if t is None:
             continue

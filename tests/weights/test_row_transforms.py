@@ -173,7 +173,8 @@ def test_star_patterns_drop_whole_subtrees():
 def test_star_patterns_carry_their_text_to_the_target():
     """``"cvt.encoder.*": "encoder.*"`` keeps every name under a prefix, the k-th ``*`` of
     the target getting the k-th ``*``'s text of the source (with ``{i}`` placeholders
-    beside them); the first entry that matches a name takes it; stars must pair up."""
+    beside them); the first pattern written that matches a name takes it; stars must
+    pair up."""
     from maxdecl.weights.mapping import remap
 
     names = ["cvt.encoder.stages.0.attn.w", "cvt.encoder.stages.1.mlp.b",
@@ -186,7 +187,7 @@ def test_star_patterns_carry_their_text_to_the_target():
     assert sorted(out.keys()) == ["encoder.stages.0.attn.w", "encoder.stages.1.mlp.b",
                                   "head.w", "layers.3.x.attn.weight"]
     assert out["layers.3.x.attn.weight"][0] == 3 and out["encoder.stages.1.mlp.b"][0] == 1
-    out = remap(td, {"*": None, "blk.{i}.x.attn.w": "b{i}"}, expected=["b3"])   # {i} first
+    out = remap(td, {"blk.{i}.x.attn.w": "b{i}", "*": None}, expected=["b3"])  # as written
     assert list(out.keys()) == ["b3"]
     with pytest.raises(md.WeightsError, match="missing.*encoder.stages.2"):
         remap(td, {"*.num_batches_tracked": None, "cvt.encoder.*": "encoder.*",
