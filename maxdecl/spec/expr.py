@@ -128,30 +128,24 @@ def _typeof(x) -> str:
     return type(x).__name__
 
 
-def _sum(xs, start=0):
-    """``sum(xs)`` of numbers (running offsets: ``sum(sizes[:k])`` as
-    ``sum([sizes[j] for j in range(k)])``)."""
-    if not isinstance(xs, (list, tuple)) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (*xs, start)):
-        raise ExprError(f"sum takes a list of numbers, got {xs!r}")
-    total = start
-    for v in xs:
-        budgets.check_binop("+", total, v)
-        total = total + v
-    return total
+def _fold(name, symbol, combine):
+    """``name(xs, start)`` over a list of numbers, each step checked against the integer
+    budget as ``a <symbol> b`` is."""
+    def fold(xs, start=0 if symbol == "+" else 1):
+        if not isinstance(xs, (list, tuple)) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in (*xs, start)):
+            raise ExprError(f"{name} takes a list of numbers, got {xs!r}")
+        total = start
+        for v in xs:
+            budgets.check_binop(symbol, total, v)
+            total = combine(total, v)
+        return total
+    return fold
 
 
-def _prod(xs, start=1):
-    """``math.prod(xs)`` of numbers (a hop length from its conv strides), each product
-    checked against the integer budget as ``a * b`` is."""
-    if not isinstance(xs, (list, tuple)) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (*xs, start)):
-        raise ExprError(f"prod takes a list of numbers, got {xs!r}")
-    total = start
-    for v in xs:
-        budgets.check_binop("*", total, v)
-        total = total * v
-    return total
+# sum(sizes[:k]) as sum([sizes[j] for j in range(k)]); a hop length as prod(ratios)
+_sum = _fold("sum", "+", lambda a, b: a + b)
+_prod = _fold("prod", "*", lambda a, b: a * b)
 
 
 def _float32(x):
