@@ -45,6 +45,12 @@ def float_input(v, what: str = "x") -> None:
         raise TypeError(f"{what} must be a float tensor, got {v.type}")
 
 
+def has_axes(x, op: str) -> None:
+    """``op`` reads an axis of ``x``: a scalar is an error naming the op."""
+    if x.rank == 0:
+        raise ValueError(f"{op} needs x of rank >= 1")
+
+
 def not_quantized(*values) -> None:
     for v in values:
         if v.is_quantized:

@@ -29,8 +29,7 @@ def _norm_rule(inputs, attrs):
     x, *weights = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x, *weights)
-    if x.rank == 0:
-        raise ValueError("normalisation needs x of rank >= 1")
+    _checks.has_axes(x, "normalisation")
     for w, what in zip(weights, ("gamma", "beta")):
         _check_weight(x, w, what)
     if float(attrs["epsilon"]) < 0:
@@ -42,8 +41,7 @@ def _rms_rule(inputs, attrs):
     x, *w = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x, *w)
-    if x.rank == 0:
-        raise ValueError("rms_norm needs x of rank >= 1")
+    _checks.has_axes(x, "rms_norm")
     if w:
         _check_weight(x, w[0], "weight")
     return [x]
@@ -57,8 +55,7 @@ def _normalize_rule(inputs, attrs):
     (x,) = inputs
     _checks.float_input(x)
     _checks.no_bfloat16(x)
-    if x.rank == 0:
-        raise ValueError("normalize needs x of rank >= 1")
+    _checks.has_axes(x, "normalize")
     _checks.valid_axis(attrs["axis"], x.rank)
     if not float(attrs["p"]) > 0:
         raise ValueError(f"p must be > 0, got {attrs['p']}")

@@ -210,8 +210,7 @@ def _gather_rule(inputs, attrs):
     x, idx = inputs
     _checks.not_quantized(x)
     _checks.int_input(idx, "indices")
-    if x.rank == 0:
-        raise ValueError("gather needs x of rank >= 1")
+    _checks.has_axes(x, "gather")
     axis = _checks.valid_axis(attrs["axis"], x.rank)
     return [TensorType(x.dtype, x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
 
@@ -245,8 +244,7 @@ def _arange_like_rule(inputs, attrs):
 def _flatten_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
-    if x.rank == 0:
-        raise ValueError("flatten needs x of rank >= 1")
+    _checks.has_axes(x, "flatten")
     start = _checks.valid_axis(attrs["start_axis"], x.rank)
     end = _checks.valid_axis(attrs["end_axis"], x.rank)
     if end < start:
@@ -258,8 +256,7 @@ def _flatten_rule(inputs, attrs):
 
 def _axis_size_rule(inputs, attrs):
     (x,) = inputs
-    if x.rank == 0:
-        raise ValueError("axis_size needs x of rank >= 1")
+    _checks.has_axes(x, "axis_size")
     _checks.valid_axis(attrs["axis"], x.rank)
     return [TensorType(DType.int64, ())]
 
@@ -286,8 +283,7 @@ def _positive_int(attrs, key: str) -> int:
 def _unfold_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
-    if x.rank == 0:
-        raise ValueError("unfold needs x of rank >= 1")
+    _checks.has_axes(x, "unfold")
     axis = _checks.valid_axis(attrs["axis"], x.rank)
     size, step = _positive_int(attrs, "size"), _positive_int(attrs, "step")
     n = x.shape[axis]
