@@ -18,7 +18,7 @@ from ._registry import REQUIRED, define, public
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
            "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like",
-           "pad_to_multiple", "axis_size", "check", "flatten"]
+           "pad_to_multiple", "axis_size", "check", "flatten", "scatter"]
 
 
 def _reshape_rule(types, attrs):
@@ -228,6 +228,51 @@ def _take_along_rule(inputs, attrs):
     shape = list(shape)
     shape.insert(axis, idx.shape[axis])
     return [TensorType(x.dtype, tuple(shape))]
+
+
+SCATTER_REDUCE = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _normalize_scatter(a):
+    reduce = a["reduce"]
+    if reduce is not None and reduce not in SCATTER_REDUCE:
+        raise ValueError(f"reduce must be null (replace) or one of "
+                         f"{', '.join(SCATTER_REDUCE)}, got {reduce!r}")
+    if not isinstance(a["include_self"], bool):
+        raise ValueError(f"include_self must be true or false, got "
+                         f"{a['include_self']!r}")
+    return dict(a)
+
+
+def _scatter_rule(inputs, attrs):
+    x, idx, values = inputs
+    _checks.not_quantized(x, values)
+    _checks.int_input(idx, "indices")
+    _checks.same_dtype(x, values)
+    if x.rank == 0 or idx.rank != x.rank:
+        raise ValueError(f"indices must have x's rank ({x.rank}, at least 1), "
+                         f"got x{format_shape(x.shape)} and indices{format_shape(idx.shape)}")
+    axis = _checks.valid_axis(attrs["axis"], x.rank)
+    for i, (a, b) in enumerate(zip(x.shape, idx.shape)):
+        fits = (_checks.dims_equal(a, b) if not (isinstance(a, int) and isinstance(b, int))
+                else b <= a)
+        if i != axis and not fits:
+            raise ValueError(f"indices{format_shape(idx.shape)} must not be longer "
+                             f"than x{format_shape(x.shape)} on axes other than {axis} "
+                             f"(dim {i}: {b} vs {a})")
+    try:
+        fits = (values.rank <= idx.rank
+                and _checks.broadcast_shapes(values.shape, idx.shape) == idx.shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"values{format_shape(values.shape)} must broadcast to "
+                         f"indices{format_shape(idx.shape)} (one value per index)")
+    if attrs["reduce"] is not None:
+        _checks.no_bfloat16(x)
+        if x.dtype == DType.bool:
+            raise TypeError(f"reduce {attrs['reduce']} needs numbers, got {x.type}")
+    return [TensorType(x.dtype, x.shape)]
 
 
 def _arange_like_rule(inputs, attrs):
@@ -489,6 +534,15 @@ define("take_along_axis", rule=_take_along_rule, run="shape", inputs=("x", "indi
            "list per position of the other axes",
        rule_doc="indices integer, x's rank; the other axes broadcast; out: those dims with "
                 "indices' size along axis")
+define("scatter", rule=_scatter_rule, run="scatter", inputs=("x", "indices", "values"),
+       attrs={"axis": REQUIRED, "reduce": None, "include_self": True},
+       normalize=_normalize_scatter, kind="shape",
+       doc="x with values written at indices along axis: torch's x.scatter(axis, indices, "
+           "values) and x.scatter_reduce(axis, indices, values, reduce, include_self) "
+           "(np.put_along_axis); reduce null replaces (an index given twice: the later "
+           "value in C order wins), sum, prod, mean (integers: floor), amax or amin combine",
+       rule_doc="indices integer, x's rank, no longer than x on the other axes; values: "
+                "x's dtype, broadcasting to indices' shape; out: x's type")
 define("arange_like", rule=_arange_like_rule, run="shape", attrs={"axis": 0, "start": 0},
        kind="shape",
        doc="int64 [start, start + 1, ...] as long as x's axis (np.arange(start, start + n)); "
@@ -754,6 +808,22 @@ def take_along_axis():  # noqa: A001 - the signature comes from the definition
     a token chose: ``take_along_axis(probs [seq, E], ids [seq, k], axis: 1)`` gives
     ``[seq, k]``). indices has x's rank; its other axes and x's broadcast against each
     other (size 1 or equal), as in NumPy. Negative indices count from the end; out-of-range ones fail at run time.
+    """
+
+
+@public
+def scatter():  # noqa: A001 - the signature comes from the definition
+    """x with ``values`` written at ``indices`` along ``axis``: torch's ``x.scatter(axis,
+    indices, values)`` and ``x.scatter_reduce(axis, indices, values, reduce,
+    include_self)``, the inverse of ``take_along_axis``.
+
+    ``out[..., indices[..., j, ...], ...] = values[..., j, ...]`` along ``axis``, every
+    other axis at the same position (indices may be shorter there, as torch allows:
+    the rest of x is kept). ``values`` broadcasts to indices' shape (a scalar fills).
+    ``reduce``: null replaces (an index given twice: the later one in C order wins),
+    ``sum``, ``prod``, ``mean`` (integers: floor division, as torch), ``amax``,
+    ``amin``; ``include_self: false`` leaves x's own entry out where an index lands.
+    Negative indices count from the end; out-of-range ones fail at run time.
     """
 
 
