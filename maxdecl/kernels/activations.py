@@ -1,4 +1,4 @@
-"""Activation kernels: silu, gelu (erf), gelu_tanh, flat and parallel over elements."""
+"""Activation kernels: silu, gelu (erf), gelu_tanh, erf, flat and parallel over elements."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ def _gelu(x, out):
         out[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
 
 
+@njit_twins()
+def _erf(x, out):
+    # erf in float64, rounded once to x's float type
+    for i in numba.prange(x.size):
+        out[i] = math.erf(np.float64(x[i]))
+
+
 @njit_twins(error_model="numpy")
 def _gelu_tanh(x, out):
     # 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as x * sigmoid(2u)
@@ -54,6 +61,11 @@ def silu(x):
 def gelu(x):
     """GELU with erf, as torch's default."""
     return _apply(_gelu, x)
+
+
+def erf(x):
+    """The error function (torch.erf), computed in float64."""
+    return _apply(_erf, x)
 
 
 def gelu_tanh(x):

@@ -94,15 +94,9 @@ ACTIVATION = {
 
 
 def _laplace(x):
-    # transformers' LaplaceActivation: 0.5 (1 + erf((x - mu) / (sigma sqrt 2))), via gelu's
-    # erf: gelu(z) = 0.5 z (1 + erf(z / sqrt 2)), so 0.5 (1 + erf(u)) = gelu(z) / z, z = u sqrt 2
+    # transformers' LaplaceActivation: 0.5 (1 + erf((x - mu) / (sigma sqrt 2)))
     u = (x.astype(np.float64) - 0.707107) / (0.282095 * np.sqrt(2.0))
-    return (0.5 * (1.0 + _erf(u))).astype(x.dtype, copy=False)
-
-
-def _erf(u):
-    import math
-    return np.vectorize(math.erf, otypes=[np.float64])(u)
+    return (0.5 * (1.0 + activations.erf(u))).astype(x.dtype, copy=False)
 
 
 RUN = {
@@ -121,7 +115,7 @@ RUN = {
     "relu": _unary(_relu),
     "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),
-    "gelu_tanh": _activation("gelu_tanh"),
+    "gelu_tanh": _activation("gelu_tanh"), "erf": _activation("erf"),
     "activation": lambda args, attrs: [np.asarray(ACTIVATION[attrs["kind"]](args[0]))],
     "equal": _binary(np.equal), "not_equal": _binary(np.not_equal),
     "greater": _binary(np.greater), "greater_equal": _binary(np.greater_equal),

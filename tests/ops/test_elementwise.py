@@ -13,7 +13,7 @@ UNARY = {
     "sin": torch.sin, "cos": torch.cos, "expm1": torch.expm1, "log1p": torch.log1p,
     "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "sign": torch.sign,
     "log2": torch.log2, "log10": torch.log10, "exp2": torch.exp2, "tan": torch.tan,
-    "atan": torch.atan, "logsigmoid": F.logsigmoid,
+    "atan": torch.atan, "logsigmoid": F.logsigmoid, "erf": torch.erf,
 }
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
           "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum,
