@@ -24,6 +24,29 @@ def _mean_run(args, attrs):
     return [np.asarray(out).astype(x.dtype, copy=False)]
 
 
+def _prod_run(args, attrs):
+    x = args[0]
+    acc = np.float32 if x.dtype.kind == "f" else x.dtype
+    out = np.prod(x, axis=_np_axis(attrs["axis"]), dtype=acc, keepdims=attrs["keepdims"])
+    return [np.asarray(out).astype(x.dtype, copy=False)]
+
+
+def _sort_run(args, attrs):
+    x = args[0]
+    axis = attrs["axis"] % x.ndim
+    if attrs["descending"]:
+        # stable descending: an ascending stable sort of x reversed, read backwards,
+        # keeps equal values in their first order and puts NaN first
+        n = x.shape[axis]
+        rev = np.flip(x, axis)
+        idx = np.flip(np.argsort(rev, axis=axis, kind="stable"), axis)
+        idx = (n - 1) - idx
+    else:
+        idx = np.argsort(x, axis=axis, kind="stable")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    return [np.take_along_axis(x, idx, axis), idx]
+
+
 def _max_run(args, attrs):
     x = args[0]
     return [np.asarray(np.max(x, axis=_np_axis(attrs["axis"]), keepdims=attrs["keepdims"]))]
@@ -66,5 +89,6 @@ def _softmax_run(args, attrs):
 
 
 RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "min": _min_run,
+       "prod": _prod_run, "sort": _sort_run,
        "argmax": _arg_run(np.argmax), "argmin": _arg_run(np.argmin),
        "cumsum": _cumsum_run, "cummax": _cummax_run, "softmax": _softmax_run}

@@ -13,7 +13,8 @@ from ..dtypes import DType, TensorType
 from . import _checks
 from ._registry import define, public
 
-__all__ = ["sum", "mean", "max", "min", "argmax", "argmin", "cumsum", "cummax", "softmax"]
+__all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin", "cumsum", "cummax",
+           "softmax", "sort"]
 
 
 def _normalize_axis(attrs):
@@ -80,7 +81,7 @@ def _arg_rule(name):
 
 
 _AXIS = {"axis": -1, "keepdims": False}
-for _name in ("sum", "mean", "max", "min"):
+for _name in ("sum", "mean", "max", "min", "prod"):
     define(_name, rule=_reduce_rule(_name), run="reduction", attrs=_AXIS,
            normalize=_normalize_axis, kind="reduction",
            doc=f"{_name} over axis (an int, a list, or null for every axis)",
@@ -116,6 +117,12 @@ def max():  # noqa: A001 - the signature comes from the definition
 @public
 def min():  # noqa: A001 - the signature comes from the definition
     """Minimum over ``axis`` (int, tuple, or None for all); NaN propagates."""
+
+
+@public
+def prod():  # noqa: A001 - the signature comes from the definition
+    """Product over ``axis`` (int, tuple, or None for all); float32 multiplies in
+    float32 (float16 in float32, rounded once), integers in their own dtype."""
 
 
 @public
@@ -163,6 +170,35 @@ def cumsum():  # noqa: A001 - the signature comes from the definition
 def cummax():  # noqa: A001 - the signature comes from the definition
     """Running maximum of ``x`` along ``axis`` (the values of ``torch.cummax``): a
     log-space stabiliser ``m_t = max(m_{t-1}, a_t)`` over a whole sequence at once."""
+
+
+# -- sort -------------------------------------------------------------------------------
+def _sort_rule(inputs, attrs):
+    (x,) = inputs
+    _checks.not_quantized(x)
+    _checks.no_bfloat16(x)
+    _checks.has_axes(x, "sort")
+    _checks.valid_axis(attrs["axis"], x.rank)
+    if not isinstance(attrs["descending"], bool):
+        raise ValueError(f"descending must be true or false, got {attrs['descending']!r}")
+    return [x.type, TensorType(DType.int64, x.shape)]
+
+
+define("sort", rule=_sort_rule, run="reduction", attrs={"axis": -1, "descending": False},
+       outputs=2, kind="reduction", normalize=lambda a: {**a, "axis": int(a["axis"])},
+       doc="x sorted along axis and the int64 positions the values came from (torch.sort "
+           "with stable=True, np.sort / np.argsort kind='stable'): equal values keep their "
+           "order, NaN sorts as the largest; the axis may be symbolic",
+       rule_doc="x not quantized; out: values of x's type, indices int64 of x's shape")
+
+
+@public
+def sort():  # noqa: A001 - the signature comes from the definition
+    """``(values, indices)``: x sorted along ``axis`` (ascending, or ``descending``), and
+    the int64 positions along ``axis`` the values came from; stable (equal values keep
+    their order) in both directions, NaN the largest, as ``torch.sort(stable=True)``.
+    ``indices`` alone is ``torch.argsort``; ``take_along_axis`` with it reorders
+    another tensor the same way."""
 
 
 # -- softmax ----------------------------------------------------------------------------

@@ -97,3 +97,50 @@ def test_cumsum_refuses_bool_and_bad_axes():
         md.ops.cumsum(g.inputs[0])
     with pytest.raises(md.GraphError, match="axis 2 is out of range"):
         md.ops.cumsum(g.inputs[1], axis=2)
+
+
+@pytest.mark.parametrize("axis,keepdims", [(-1, False), (0, True), ((0, 2), False),
+                                           (None, False)])
+def test_prod_matches_torch(rng, axis, keepdims):
+    x = (1 + 0.3 * rng.standard_normal((3, 4, 5))).astype(np.float32)
+    out = run_op(lambda v: md.ops.prod(v, axis=axis, keepdims=keepdims), x)
+    t = torch.from_numpy(x)
+    if axis is None:
+        ref = torch.prod(t)
+    else:
+        ref = t
+        for a in sorted((axis,) if isinstance(axis, int) else axis, reverse=True):
+            ref = torch.prod(ref, dim=a % 3, keepdim=keepdims)
+    close(out, ref.numpy(), atol=1e-6, rtol=1e-5)
+    assert out.dtype == np.float32
+    xi = rng.integers(-3, 4, (4, 6))
+    np.testing.assert_array_equal(run_op(lambda v: md.ops.prod(v, axis=1), xi),
+                                  torch.prod(torch.from_numpy(xi), 1).numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.int32])
+@pytest.mark.parametrize("axis,descending", [(-1, False), (-1, True), (0, True), (1, False)])
+def test_sort_matches_torch_stable(rng, dtype, axis, descending):
+    """Many ties (small integers) and, for floats, NaN and signed infinities: values and
+    indices equal torch.sort(stable=True)'s in both directions."""
+    x = rng.integers(-3, 4, (5, 7, 6)).astype(dtype)
+    if dtype == np.float32:
+        x[0, 1, :3] = [np.nan, np.inf, -np.inf]
+        x[2, :3, 4] = [np.nan, np.nan, -np.inf]
+    values, indices = run_op(lambda v: md.ops.sort(v, axis=axis, descending=descending), x)
+    ref = torch.sort(torch.from_numpy(x), dim=axis, descending=descending, stable=True)
+    np.testing.assert_array_equal(values, ref.values.numpy())
+    np.testing.assert_array_equal(indices, ref.indices.numpy())
+    assert indices.dtype == np.int64
+
+
+def test_sort_along_a_symbolic_axis_types_and_runs():
+    g = md.Graph("t", [md.TensorType("float32", ("b", "seq"))])
+    values, indices = md.ops.sort(g.inputs[0], descending=True)
+    assert values.type.shape == ("b", "seq") and indices.type.dtype == md.DType.int64
+    g.output([values, indices])
+    x = np.array([[3, 1, 3, 2]], np.float32)
+    v, i = g.execute(x)
+    assert v.tolist() == [[3, 3, 2, 1]] and i.tolist() == [[0, 2, 3, 1]]
+    with pytest.raises(md.GraphError, match="descending must be true or false"):
+        md.ops.sort(g.inputs[0], descending="yes")
