@@ -18,7 +18,8 @@ Attribute forms (canonicalised when the node is made; see ``_window``):
   inside the trailing padding (as torch); so a kernel larger than the input still
   gives one window when the stride allows it, as in torch.
 * ``count_boundary`` (avg only): True divides by the taps inside the padded input
-  (torch ``count_include_pad=True``); False by the taps inside the real input.
+  (torch ``count_include_pad=True``, its default); False by the taps inside the real
+  input (torch ``count_include_pad=False``, PoolFormer's pooling).
 * ``return_indices`` (max only): a second output, int64, holding for each maximum its
   flat position in its input image: ``h * W + w`` (3-D: ``(d * H + h) * W + w``), per
   batch and channel, as torch's ``max_pool2d(..., return_indices=True)``.
@@ -198,7 +199,9 @@ def avg_pool():  # noqa: A001 - the signature comes from the definition
     """Average over ``kernel_size`` windows of NHWC (or NDHWC) ``x`` (see the module doc).
 
     ``out[n, oh, ow, c] = sum(window taps inside x) / count`` where count is the number
-    of taps inside the padded input (``count_boundary``) or inside ``x``. There is no
+    of taps inside the padded input (``count_boundary: true``, torch's
+    ``count_include_pad=True``) or inside ``x`` (``false``: torch's
+    ``count_include_pad=False``, PoolFormer's pooling). There is no
     NCHW form: transpose NCHW input once (``perm: [0, 2, 3, 1]``) and keep the network
     channels-last (``conv2d`` with ``input_layout: NHWC``). ``kernel_size``, ``stride``,
     ``dilation`` and ``padding`` take an int (every spatial dim) or one entry per dim;
