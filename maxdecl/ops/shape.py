@@ -832,12 +832,12 @@ def arange_like():  # noqa: A001 - the signature comes from the definition
     """int64 ``[start, ..., start + n - 1]`` with ``n = x.shape[axis]``; only x's shape
     is read, so the length may be symbolic.
 
-    The positions of a decoder's keys for a relative position bias (T5): the cached
-    ones, ``arange_like(kv_cache, axis: 1)`` (``[2, past, heads, dim]``), then this
-    step's ``positions``; position ids of an encoder without a positions input:
-    ``arange_like(tokens, axis: 1)``. A batched step (``rows=``) cannot give an op other
-    than attention a KV cache, so a spec that reads one this way runs one sequence a
-    call.
+    Position ids of an encoder without a positions input: ``arange_like(tokens, axis:
+    1)``. The positions of a decoder's keys for a relative position bias (T5) are
+    better carried as their own int64 state ``key_positions [past]``, with ``concat``
+    of it and this step's positions as the new value (specs/t5.yaml):
+    ``arange_like(kv_cache, axis: 1)`` gives the same numbers, but a state read by an
+    op other than its attention is refused in a batched step (``rows=``).
     """
 
 
