@@ -95,7 +95,8 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
                 elif isinstance(step, PWeight):
                     scopes.enter(step.layer)
                     with g.origin(where):
-                        if weights is not None and step.name not in weights and step.absent:
+                        if (weights is not None and step.name not in weights and step.absent
+                                and not step.required):
                             wvals[step.name] = _stand_in(g, step, wvals)
                         else:
                             wvals[step.name] = _declare_weight(g, step, weights)
@@ -199,7 +200,7 @@ def check_weights(prog: Program, weights) -> None:
     """Raise one WeightsError listing every missing, unexpected and mis-shaped weight
     (a weight with an ``absent:`` stand-in may be missing)."""
     want = {w.name: tuple(w.shape) for w in prog.weights}
-    optional = {w.name for w in prog.weights if w.absent is not None}
+    optional = {w.name for w in prog.weights if w.absent is not None and not w.required}
     have = set(weights.keys())
     missing = [n for n in want if n not in have and n not in optional]
     unexpected = [n for n in weights.keys() if n not in want]

@@ -282,3 +282,36 @@ def test_a_weight_squeezed_or_not_binds_to_its_declared_shape():
     td["fc1.bias"] = np.ones((2, want.size // 2), np.float32)
     with pytest.raises(md.WeightsError, match="mis-shaped: fc1.bias"):
         md.build(SPECS / "mlp.yaml", weights=td)
+
+
+def test_required_makes_an_optional_weight_mandatory_when_its_condition_holds(tmp_path):
+    """``required: "{expr}"`` beside ``absent:``: a checkpoint whose config says it has
+    the weight (PoolFormer's use_layer_scale) but lacks it is refused, not filled."""
+    text = (SPECS / "mlp.yaml").read_text()
+    text = text.replace("      bias: [d_out]\n",
+                        "      bias: {shape: [d_out], absent: 0.0, required: \"{has_bias}\"}\n")
+    text = text.replace("    d_out: 8          # output features\n",
+                        "    d_out: 8          # output features\n    has_bias: true\n")
+    text = text.replace("    d_out: 10\n", "    d_out: 10\n    has_bias: false\n")
+    path = tmp_path / "mlp_required.yaml"
+    path.write_text(text)
+    assert md.validate_spec(path) == []
+    spec = md.load_spec(path, "small")
+    td = md.random_weights(spec)
+    assert "fc2.bias" in td.keys()          # random weights give a required one
+    del td["fc2.bias"]
+    with pytest.raises(md.WeightsError, match="1 missing: fc2.bias$"):
+        md.build(spec, weights=td)
+    wide = md.load_spec(path, "wide")
+    tw = md.random_weights(wide)
+    assert "fc2.bias" not in tw.keys()
+    g = md.build(wide, weights=tw)           # not required: the fill stands in
+    assert "fc2.bias" not in g.weights
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("absent: 0.0, required: \"{has_bias}\"",
+                                "required: \"{has_bias}\""))
+    (problem,) = md.validate_spec(bad)
+    assert "required: only a weight with `absent:` can be optional" in str(problem)
+    bad.write_text(text.replace("required: \"{has_bias}\"", "required: \"{d_out}\""))
+    (problem,) = md.validate_spec(bad)
+    assert "required: expected true, false or a condition giving one, got 8" in str(problem)

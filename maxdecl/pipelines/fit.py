@@ -21,7 +21,8 @@ def check_fit(spec, params: dict, td, source: str) -> None:
     """
     prog = spec.program(spec.variant, params, check_encodings=False)
     declared = {w.name: w for w in prog.weights}
-    missing = [n for n, w in declared.items() if w.absent is None and n not in td]
+    missing = [n for n, w in declared.items()
+               if (w.absent is None or w.required) and n not in td]
     unexpected = [n for n in td.keys() if n not in declared]
     misshapen = []
     for name, w in declared.items():

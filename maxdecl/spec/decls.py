@@ -42,6 +42,8 @@ class WeightDecl:
     shape_ptr: str = ""               # JSON pointer of the shape list
     absent: object = None             # raw: weight name, number or "{expr}"; None: required
     absent_pos: Pos | None = None
+    required: object = None           # raw: bool or "{expr}": absent stands in only while false
+    required_pos: Pos | None = None
     listed: bool = True               # the shape was a list ([] is a scalar)
 
 
@@ -132,6 +134,7 @@ class PWeight:
     layer: tuple          # layer path segments of the declaring layer
     pos: Pos
     absent: "Ref | None" = None
+    required: bool = False    # the weights must hold it even though ``absent`` is given
 
 
 @dataclass(frozen=True)

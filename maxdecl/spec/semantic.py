@@ -463,6 +463,7 @@ class Expander:
         for w in decl.weights:
             names_in(list(w.shape), w.pos, f"weight {w.local!r}", bare=True)
             names_in(w.absent, w.absent_pos or w.pos, "absent")
+            names_in(w.required, w.required_pos or w.pos, "required")
         for raw, pos in decl.ins:
             names_in(raw, pos, "input")
         for _, raw, pos in decl.with_:
@@ -553,7 +554,8 @@ class Expander:
                                     "enclosing path)")
                 continue
             absent = self.absent(w, full, shape, env)
-            pw = PWeight(full, shape or (), enc or "f32", path, w.pos, absent)
+            pw = PWeight(full, shape or (), enc or "f32", path, w.pos, absent,
+                         self.required(w, env))
             if self.types is not None and enc is not None:
                 self.types.weight(full, shape, enc)
             self.weights[full] = pw
@@ -571,6 +573,24 @@ class Expander:
             vid = self.lookup(name, ns, pos)
             if vid is not None:
                 self.add_output(".".join(path + (name,)), vid, pos, self.layer_outputs)
+
+    def required(self, w, env) -> bool:
+        """A weight's ``required:`` condition, evaluated (False when not given)."""
+        raw, pos = w.required, w.required_pos
+        if pos is None:
+            return False
+        if w.absent_pos is None:
+            self.problem(pos, "required: only a weight with `absent:` can be optional; "
+                              "without one it is always required")
+            return False
+        value = raw if isinstance(raw, bool) else self.render(raw, env, pos, "required")
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            self.problem(pos, f"required: expected true, false or a condition giving one, "
+                              f"got {value!r}")
+            return False
+        return value
 
     def absent(self, w, full: str, shape, env):
         """A weight's ``absent:`` stand-in as a Ref: an earlier weight of the same shape
@@ -885,7 +905,8 @@ def _uses_name(decl: LayerDecl, name: str) -> bool:
         except ExprError:
             return False
 
-    if reads(decl.name) or any(reads(list(w.shape)) or reads(w.absent) for w in decl.weights):
+    if reads(decl.name) or any(reads(list(w.shape)) or reads(w.absent) or reads(w.required)
+                               for w in decl.weights):
         return True
     if any(reads(r) for r, _ in decl.ins) or any(reads(r) for _, r, _ in decl.with_):
         return True

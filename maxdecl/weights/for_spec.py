@@ -201,7 +201,8 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
     full = dict(prog.params)                # derived params follow the weights' own
     extra = compute_tensors(computed, full, {w.name: w.shape for w in prog.weights})
     if mapped:
-        expected = [w.name for w in prog.weights if w.absent is None and w.name not in extra]
+        expected = [w.name for w in prog.weights
+                    if (w.absent is None or w.required) and w.name not in extra]
         weights = remap(weights, dict(section["tensors"]),
                         dict(section.get("transforms") or {}), full, expected=expected,
                         prefixes=tuple(section.get("prefixes") or ()))

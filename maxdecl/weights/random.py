@@ -45,7 +45,7 @@ def program_weights(prog, seed: int = 0) -> TensorDict:
     td = TensorDict()
     for w in prog.weights:
         shape = tuple(int(d) for d in w.shape)
-        if w.absent is not None and w.absent.kind == "fill":
+        if w.absent is not None and w.absent.kind == "fill" and not w.required:
             continue
         if len(shape) <= 1:                 # gains (and scalars) near 1
             x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)

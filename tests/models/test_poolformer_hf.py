@@ -133,17 +133,24 @@ def test_poolformer_headless_model_matches_hf(headless):
 
 
 def test_poolformer_layer_scale_matters(cases):
-    """Negative control: without the checkpoint's layer scales (their absent fill of
-    1.0 instead) the outputs are far off, so the spec reads them."""
+    """Negative control: with the checkpoint's layer scales replaced by ones (what the
+    absent fill gives a model without them) the outputs are far off, so the spec reads
+    them; a checkpoint whose config has use_layer_scale but lacks them is refused."""
     model, path, _ = cases["base"]
     td = md.load_weights(path)
-    for k in [k for k in td.keys() if "layer_scale" in k]:
-        del td[k]
+    names = [k for k in td.keys() if "layer_scale" in k]
+    assert names
+    for k in names:
+        td[k] = np.ones_like(np.asarray(td[k]))
     ours = md.load_model(spec_path("poolformer"), td)
     x = pixels(CONFIGS["base"], SIZES["base"][0])
     ref_logits, ref_hidden = hf_outputs(model, x)
     got = named_outputs(ours, x)
     assert rel_err(got["last_hidden_state"], ref_hidden) > 100 * TOL
+    for k in names:
+        del td[k]
+    with pytest.raises(md.WeightsError, match=r"missing 10 \(encoder.block.0.0.layer_scale_1"):
+        md.load_model(spec_path("poolformer"), td)
 
 
 def test_poolformer_without_labels_matches_hf(tmp_path):
