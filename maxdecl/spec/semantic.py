@@ -662,9 +662,10 @@ class Expander:
                           "computed")
 
     def check_refuse(self):
-        """``formats.<fmt>.refuse``: each rule's ``when`` must give true or false and its
-        ``why`` must render, for this variant's params (the loader evaluates them again
-        with the checkpoint's)."""
+        """``formats.<fmt>.refuse``: each rule's ``when`` must give true or false for this
+        variant's params (the loader evaluates it again with the checkpoint's); its
+        ``why`` must parse, and render where ``when`` holds (it is only read then, so it
+        may use params that exist only in the checkpoints the rule refuses)."""
         for fmt, section in self.spec.formats.items():
             rules = section.get("refuse") if isinstance(section, dict) else None
             for k, rule in enumerate(rules if isinstance(rules, list) else ()):
@@ -677,7 +678,14 @@ class Expander:
                 if len(self.problems) == before and not isinstance(value, bool):
                     self.problem(pos, f"refuse: when {rule.get('when')!r} gives {value!r}; "
                                       "expected true or false")
-                self.render(rule.get("why", ""), self.env, self.at(f"{base}/why"), "refuse")
+                why, why_pos = rule.get("why", ""), self.at(f"{base}/why")
+                if value is True:
+                    self.render(why, self.env, why_pos, "refuse")
+                elif isinstance(why, str):
+                    try:
+                        template_names(why)
+                    except ExprError as e:
+                        self.problem(why_pos, f"refuse: {e}")
 
     def check_config_syntax(self):
         """``formats.hf.config`` and ``formats.gguf.metadata`` alternatives that are
