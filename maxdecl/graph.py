@@ -238,8 +238,10 @@ class Graph:
     def apply(self, op: str, inputs: list, attrs: dict) -> list[Value]:
         """Add a node ``op`` on ``inputs``: non-Values (arrays, Python scalars) become
         constants of this graph (a Python scalar takes its float partner's dtype)."""
-        vals = [v if isinstance(v, Value) else self.constant(_as_const(v, inputs))
-                for v in inputs]
+        opdef = _registry.get(op)
+        vals = [v if isinstance(v, Value) else self.constant(
+                    _as_const(v, inputs, opdef.index_input(k)))
+                for k, v in enumerate(inputs)]
         return self._add_node(op, vals, attrs)
 
     def _add_node(self, op: str, inputs: list, attrs: dict) -> list[Value]:
@@ -279,10 +281,13 @@ def _where(node: Node) -> str:
     return ": ".join(p for p in (node.origin, node.layer or "<root>") if p)
 
 
-def _as_const(v, inputs):
+def _as_const(v, inputs, index=False):
     """Python scalars take the dtype of their tensor partner (as in torch): the first
     non-bool input's (``select(cond, 0.0, x)``: x's); with none (a bool condition at
-    most), float32 for a float and int64 for an int (``select(cond, 0.0, -100.0)``)."""
+    most), float32 for a float and int64 for an int (``select(cond, 0.0, -100.0)``).
+    An int where the op takes indices (``index``: ``gather(x, 3)``) is int64."""
+    if index and isinstance(v, int) and not isinstance(v, bool):
+        return np.asarray(v, dtype=np.int64)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         values = [x for x in inputs if isinstance(x, Value)]
         partner = next((x for x in values if x.dtype != DType.bool), None)

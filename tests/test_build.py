@@ -315,3 +315,29 @@ def test_required_makes_an_optional_weight_mandatory_when_its_condition_holds(tm
     bad.write_text(text.replace("required: \"{has_bias}\"", "required: \"{d_out}\""))
     (problem,) = md.validate_spec(bad)
     assert "required: expected true, false or a condition giving one, got 8" in str(problem)
+
+
+def test_an_int_in_an_index_input_is_int64(tmp_path):
+    """``gather(x, "{i}")``: a bare int where the op takes indices is an int64 index,
+    not a number of x's float dtype (which gather refuses)."""
+    path = tmp_path / "pick.yaml"
+    path.write_text("""maxdecl: 1
+name: pick
+variants:
+  tiny: {n: 3}
+dims: {rows: rows}
+encodings: {default: f32}
+inputs:
+  x: {dtype: float32, shape: [rows, 4]}
+layers:
+  - name: "p{i}"
+    repeat: n
+    layers:
+      - {op: gather, in: [x, "{i}"], attrs: {axis: 1}, out: "c"}
+      - {op: add, in: [c, 1], out: c}
+outputs: [c]
+""")
+    assert md.validate_spec(path) == []
+    g = md.build(md.load_spec(path), weights=md.TensorDict())
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(g.execute(x)[0], x[:, 2] + 1)

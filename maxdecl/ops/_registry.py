@@ -34,6 +34,9 @@ REQUIRED = object()  # marks an attribute without a default
 CURRENT_GRAPH: contextvars.ContextVar = contextvars.ContextVar("maxdecl_graph", default=None)
 
 
+
+INDEX_INPUTS = frozenset({"indices", "ids", "positions"})   # integer-valued inputs
+
 @dataclass(frozen=True)
 class OpDef:
     """One op, defined once (see the module docstring)."""
@@ -66,6 +69,13 @@ class OpDef:
     # inputs the op reads in their packed blocks when they are quantized (linear's w,
     # embedding's table); every other input of a weight must be a plain float tensor
     packed: tuple = ()
+
+    def index_input(self, position: int) -> bool:
+        """Whether input ``position`` holds integer indices by its name (``indices``,
+        ``ids``, ``positions``): a bare int written there is an int64 constant, not a
+        number of the op's float dtype."""
+        names = self.inputs + self.optional
+        return position < len(names) and names[position] in INDEX_INPUTS
 
     def arity(self) -> tuple[int, int | None]:
         """(min, max) number of inputs; max None for variadic ops."""

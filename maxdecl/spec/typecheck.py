@@ -81,8 +81,9 @@ class TypeEnv:
             types.append(t)
         given = [t for t in types if t is not None]     # a bool (a select's cond) last
         partner = next((t for t in given if t.dtype != DType.bool), None)
-        types = [t if t is not None else _scalar_type(r.target, partner)
-                 for t, r in zip(types, refs)]
+        opdef = _registry.get(op)
+        types = [t if t is not None else _scalar_type(r.target, partner, opdef.index_input(k))
+                 for k, (t, r) in enumerate(zip(types, refs))]
         # every layer of a repeat runs the same rule on the same types: run it once
         key = (op, tuple(types), repr(sorted(attrs.items())))
         done = self._memo.get(key)
@@ -122,12 +123,15 @@ class TypeEnv:
         return None if same else f"is {got}, but the input it feeds next step is {want}"
 
 
-def _scalar_type(value, partner) -> TensorType:
+def _scalar_type(value, partner, index=False) -> TensorType:
     """A Python number in ``in:`` takes its tensor partner's dtype (as in torch): the
     first non-bool input's, so ``select(cond, 0.0, x)`` gives x's; with none, float32
-    for a float, int64 for an int (``select(cond, 0.0, -100.0)``), bool for a bool."""
+    for a float, int64 for an int (``select(cond, 0.0, -100.0)``), bool for a bool; an
+    int where the op takes indices (``gather(x, "{i}")``) int64."""
     if isinstance(value, bool):
         return TensorType(DType.bool, ())
+    if index and isinstance(value, int):
+        return TensorType(DType.int64, ())
     if partner is not None and not partner.is_quantized:
         return TensorType(partner.dtype, ())
     return TensorType(DType.float32 if isinstance(value, float) else DType.int64, ())
