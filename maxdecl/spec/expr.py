@@ -29,6 +29,7 @@ import contextvars
 import functools
 import math
 import operator
+import statistics
 import struct
 
 from . import budgets
@@ -188,6 +189,14 @@ def _make_divisible(v, divisor, min_value=None):
     return int(out + divisor if out < 0.9 * v else out)
 
 
+def _normal_icdf(p):
+    """The standard normal distribution's quantile (torch's ``Normal(0, 1).icdf(p)``,
+    scipy's ``ndtri``) for ``0 < p < 1``: Gemma 3n's activation-sparsity cutoff."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:
+        raise ExprError(f"normal_icdf takes a probability strictly between 0 and 1, got {p!r}")
+    return statistics.NormalDist().inv_cdf(p)
+
+
 CONSTANTS = {"pi": math.pi}   # names every expression sees (a param cannot take them)
 
 FUNCTIONS = {
@@ -195,6 +204,7 @@ FUNCTIONS = {
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,
+    "erf": math.erf, "normal_icdf": _normal_icdf,
     "alibi_slopes": alibi_slopes, "llama3_rope_factors": llama3_rope_factors,
 }
 

@@ -141,3 +141,16 @@ def test_make_divisible_is_transformers_rule():
         for d, low in [(8, None), (4, None), (8, 16)]:
             assert evaluate(f"make_divisible({v}, {d}, {low})", {}) == \
                 hf.make_divisible(v, d, low), (v, d, low)
+
+
+def test_normal_icdf_and_erf_match_torch():
+    """Gemma 3n's sparsity cutoff: torch's Normal(0, 1).icdf(p) (float64, within 1e-11)."""
+    torch = pytest.importorskip("torch")
+    for p in (1e-6, 0.05, 0.5, 0.8, 0.95, 0.999999):
+        got = evaluate(f"normal_icdf({p})", {})
+        ref = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(p, dtype=torch.float64))
+        assert abs(got - ref.item()) < 1e-11 * max(1.0, abs(got)), p
+        assert abs(evaluate(f"erf({got})", {}) - torch.erf(ref).item()) < 1e-12
+    for bad in ("normal_icdf(0)", "normal_icdf(1.5)", "normal_icdf('a')"):
+        with pytest.raises(ExprError, match="strictly between 0 and 1"):
+            evaluate(bad, {})
