@@ -60,9 +60,10 @@ def params_from_metadata(spec, meta: dict) -> dict:
         if "vocab" in spec.params and "vocab" not in out and "tokenizer.ggml.tokens" in meta:
             out["vocab"] = len(meta["tokenizer.ggml.tokens"])
     elif fmt == "hf":
+        config = _config_view(meta, section.get("config_roots") or ())
         for name, key in dict(section.get("config", {}) or {}).items():
             for alt in key if isinstance(key, list) else [key]:
-                v = _hf_config_value(alt, meta)
+                v = _hf_config_value(alt, config)
                 if v is not None or _hf_constant(alt):   # "{None}": None, not the variant's
                     out[name] = v
                     break
@@ -143,6 +144,17 @@ def _rule_holds(when, env) -> bool:
     if not isinstance(value, bool):
         raise ExprError(f"gives {value!r}, expected true or false")
     return value
+
+
+def _config_view(config: dict, roots) -> dict:
+    """config.json as ``formats.hf.config`` reads it: the keys of each ``config_roots``
+    mapping (``text_config``) over the top level's, in order; a root the file lacks, or
+    one that is not a mapping, adds nothing."""
+    for root in roots if isinstance(roots, (list, tuple)) else ():
+        sub = config.get(root)
+        if isinstance(sub, dict):
+            config = {**config, **sub}
+    return config
 
 
 def _hf_constant(alt) -> bool:
