@@ -76,6 +76,34 @@ def _sinks(rest):
     return None if len(rest) < 2 else np.asarray(rest[1], np.float32).reshape(-1)
 
 
+def _widened(run):
+    """``run`` (an attention runtime) for k and v of different head_dims with a cache
+    (multi-head latent attention's v_head_dim): the cache holds both at the wider one,
+    so q, k and v are zero-padded to it (the zeros add nothing to a score and give zero
+    columns), the scale is the true q . k width's, and the output is cut back to v's."""
+    def call(args, *more):
+        q, k, v, *rest = args
+        if not rest or k.shape[-1] == v.shape[-1]:
+            return run(args, *more)
+        dv, width = v.shape[-1], max(k.shape[-1], v.shape[-1])
+        attrs = {**more[-1], "scale": _scale(more[-1], q.shape[-1])}
+        padded = [_pad_last(a, width) for a in (q, k, v)]
+        outs = run(padded + rest, *more[:-1], attrs)
+        if outs is None:
+            return None
+        return [np.ascontiguousarray(outs[0][..., :dv]), *outs[1:]]
+    return call
+
+
+def _pad_last(a, width):
+    """``a`` with zeros after its last axis's entries up to ``width``."""
+    if a.shape[-1] == width:
+        return a
+    out = np.zeros(a.shape[:-1] + (width,), a.dtype)
+    out[..., :a.shape[-1]] = a
+    return out
+
+
 def _attention_run(args, attrs):
     kern = attention
     q, k, v, *rest = args
@@ -210,9 +238,9 @@ def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap,
     return np.ascontiguousarray(np.moveaxis(out, -3, -2))
 
 
-RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _attention_run,
-       "masked_attention": _masked_attention_run}
+RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _widened(_attention_run),
+       "masked_attention": _widened(_masked_attention_run)}
 # ops whose sequences of a batched step run in one call (runtime._per_sequence)
 # (``fn(args, rows, attrs)``: row inputs of all sequences together, states per sequence;
 # returns the outputs with each state output a list, one per sequence, or None)
-RUN_BATCH = {"attention": _attention_batch}
+RUN_BATCH = {"attention": _widened(_attention_batch)}

@@ -181,13 +181,17 @@ def _attention_rule(inputs, attrs):
     if cache is None:
         return [out]
     two, *cb, tp, ch, cd = cache.shape if cache.rank >= 4 else (None,) * 4
-    want = f"[2, {', '.join(str(x) for x in kb)}{', ' if kb else ''}T_past, {hkv}, {dk}]"
+    width = dk
+    if not _checks.dims_equal(dk, dv):      # both kept at the wider head_dim
+        if not (isinstance(dk, int) and isinstance(dv, int)):
+            raise ValueError(f"a kv_cache for k and v of different head_dims needs both "
+                             f"known, got {dk} and {dv}")
+        width = max(dk, dv)
+    want = f"[2, {', '.join(str(x) for x in kb)}{', ' if kb else ''}T_past, {hkv}, {width}]"
     if (cache.rank != k.rank + 1 or two != 2 or tuple(cb) != tuple(kb)
-            or not _checks.dims_equal(ch, hkv) or not _checks.dims_equal(cd, dk)):
+            or not _checks.dims_equal(ch, hkv) or not _checks.dims_equal(cd, width)):
         raise ValueError(f"kv_cache{format_shape(cache.shape)} must be {want}")
-    if not _checks.dims_equal(dk, dv):
-        raise ValueError(f"a kv_cache needs k and v of one head_dim, got {dk} and {dv}")
-    new = TensorType(q.dtype, (2, *kb, _checks.add_dims(tp, t), hkv, dk))
+    new = TensorType(q.dtype, (2, *kb, _checks.add_dims(tp, t), hkv, width))
     return [out, new]
 
 
@@ -202,8 +206,9 @@ define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "
        doc="grouped-query attention on [..., seq, heads, head_dim]; with kv_cache also "
            "returns the new cache",
        rule_doc="q [..., S, Hq, D], k [..., T, Hkv, D], v [..., T, Hkv, Dv], Hq a multiple of "
-                "Hkv, one float dtype; kv_cache [2, ..., T_past, Hkv, D]; sinks [Hq] -> "
-                "out [..., S, Hq, Dv] (and cache [2, ..., T_past + T, Hkv, D])")
+                "Hkv, one float dtype; kv_cache [2, ..., T_past, Hkv, W] with W = max(D, "
+                "Dv); sinks [Hq] -> out [..., S, Hq, Dv] (and cache [2, ..., T_past + T, "
+                "Hkv, W])")
 
 
 @public
@@ -231,7 +236,10 @@ def attention():  # noqa: A001 - the signature comes from the definition
     With ``kv_cache`` ``[2, ..., T_past, Hkv, D]`` (k and v stacked; T_past may be 0),
     the keys are the cache followed by this step's k, v, and the op returns
     ``(out, new_cache)`` with ``new_cache`` ``[2, ..., T_past + T, Hkv, D]``;
-    without it, returns ``out`` ``[..., S, Hq, Dv]``.
+    without it, returns ``out`` ``[..., S, Hq, Dv]``. Keys and values of different
+    widths (multi-head latent attention's ``v_head_dim``, MiniCPM3, DeepSeek-V2 in
+    transformers' layout) share a cache of the wider one, ``max(D, Dv)``, each zero-padded
+    there; the output is ``[..., S, Hq, Dv]`` and the default scale ``1/sqrt(D)``.
 
     ``sinks`` ``[Hq]`` (after ``kv_cache``): one learned logit per query head that joins
     every softmax's denominator and takes no value (gpt-oss's attention sinks: the
