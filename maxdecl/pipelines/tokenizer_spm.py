@@ -80,6 +80,8 @@ class SpmTokenizer(Tokenizer):
     def _encode_fragment(self, text: str) -> list[int]:
         if self.space != " ":
             text = text.replace(" ", self.space)
+        else:       # pieces written with " " (llama2.c): a literal "▁" is a space, as in
+            text = text.replace(SPACE, " ")     # SentencePiece, where both are one symbol
         vocab, scores = self.piece_to_id, self.scores
         n = len(text)
         if n == 0:

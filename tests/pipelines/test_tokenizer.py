@@ -363,3 +363,45 @@ def test_gguf_metadata_reader(tmp_path):
     np.testing.assert_array_equal(meta["tokenizer.ggml.scores"], [0.5, -1.0, 2.0])
     assert (meta["x.u32"], meta["x.flag"], meta["x.f"]) == (7, True, 1.5)
     assert meta["general.architecture"] == "llama"
+
+
+# ---- generated text against the references --------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# Pieces that stress pre-tokenizers: runs of spaces and newlines, digits, contractions,
+# combining marks, joiners, emoji, CJK, controls, and any assigned code point but
+# surrogates (unassigned ones are letters or not by each library's Unicode version).
+_PIECES = st.sampled_from([" ", "  ", "\n", "\n\n", "\t", "\r\n", "'s", "'LL", "123", "4567",
+                           "e\u0301", "\u200d", "\u00a0", "🙂", "👍🏽", "中文", "\x00", "\x7f",
+                           "Hello", "world", "...", "--", "<|eot_id|>"])
+_TEXT = st.lists(st.one_of(_PIECES, st.text(st.characters(exclude_categories=("Cs", "Cn")),
+                                            max_size=6)), max_size=14).map("".join)
+_FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_FUZZ
+@given(text=_TEXT)
+def test_bpe_gguf_matches_tokenizers_on_generated_text(bpe_pair, text):
+    hf, tok = bpe_pair
+    assert tok.encode(text, add_bos=False) == hf.encode(text, add_special_tokens=False).ids
+    assert tok.decode(tok.encode(text, add_bos=False)) == text
+
+
+@_FUZZ
+@given(text=_TEXT.filter(lambda t: "<|" not in t))
+def test_spm_matches_sentencepiece_on_generated_text(spm_pair, spm_gguf, text):
+    sp, tok = spm_pair
+    want = sp.encode(text)
+    assert tok.encode(text, add_bos=False) == want
+    assert spm_gguf.encode(text, add_bos=False) == want
+    assert spm_gguf.decode(spm_gguf.encode(text, add_bos=False)) == sp.decode(want)
+
+
+@_FUZZ
+@given(text=_TEXT.filter(lambda t: "\u2581" not in t))   # a literal "▁" decodes as a space
+def test_gemma3_round_trips_generated_text(gemma, text):
+    ids = gemma.encode(text, add_bos=False)
+    assert all(0 <= i < gemma.vocab_size for i in ids)
+    assert gemma.decode(ids) == text
