@@ -286,18 +286,28 @@ def _check_state_readers(compiled, i) -> None:
     seen = compiled.__dict__.setdefault("_state_ok", set())
     if i in seen:
         return
+    node = direct_state_reader(compiled, i)
+    if node is not None:
+        label = compiled.input_names[i] or f"input {i}"
+        raise GraphError(f"{node.where()}: reads the state {label!r} "
+                         "directly; in a batched run (rows=) a state is one array "
+                         "per sequence, read only by its op's state input: take "
+                         "what else you need (a shape, say) from another value")
+    seen.add(i)
+
+
+def direct_state_reader(compiled, i):
+    """The first node that reads graph input ``i`` other than through its op's state
+    input (an ``mul`` of a recurrent state, a ``reshape`` of a cache), or None: such a
+    state cannot be given per sequence in one batched call (``rows=``)."""
     value = compiled._inputs[i]
     for node in compiled._nodes:
         opdef = _registry.REGISTRY.get(node.op)
         names = list(opdef.inputs) + list(opdef.optional) if opdef is not None else []
         for k, v in enumerate(node.inputs):
             if v is value and (k >= len(names) or names[k] not in opdef.state):
-                label = compiled.input_names[i] or f"input {i}"
-                raise GraphError(f"{node.where()}: reads the state {label!r} "
-                                 "directly; in a batched run (rows=) a state is one array "
-                                 "per sequence, read only by its op's state input: take "
-                                 "what else you need (a shape, say) from another value")
-    seen.add(i)
+                return node
+    return None
 
 
 def _bind_weight(node, weights):

@@ -11,6 +11,11 @@ alone, so greedy ids equal each prompt's solo ids.
 The graph convention is the generation loop's (``maxdecl.pipelines.generate``): inputs
 ``tokens`` and ``positions`` (and optionally ``logit_rows``), output ``logits``, every
 other input a state fed back by the output of the same name.
+
+A graph whose state is read by plain ops (a recurrence written with ``mul`` and
+``add``, a ``reshape`` of a cache) cannot take one array per sequence in one call; its
+steps run each sequence through the graph in turn (``per_sequence``), with the same
+numbers as alone and none of the shared weight reads.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 from ..errors import MaxdeclError
 from ..kernels.config import GEMV_MAX_ROWS     # decode rows per step that keep solo numerics
 from ..kernels.kv_cache import truncate_kv
-from ..runtime import PerSequence
+from ..runtime import PerSequence, direct_state_reader
 
 ROW_INPUTS = ("tokens", "positions", "logit_rows")
 
@@ -82,6 +87,9 @@ class BatchRunner:
                                "the same name to feed them")
         self._state_out = {n: outs.index(n) for n in self._states}
         self._types = dict(zip(names, compiled.input_types))
+        # a state read by plain ops: each sequence of a step runs alone
+        self.per_sequence = any(direct_state_reader(compiled, names.index(n)) is not None
+                                for n in self._states)
         # prompt lookup rolls a state back after a rejected draft: only states that grow
         # along the sequence (KV caches, a symbolic dim at axis -3) can be rolled back
         self.can_lookup = all(t.rank >= 3 and isinstance(t.shape[-3], str)
@@ -142,11 +150,42 @@ class BatchRunner:
         feed = {"tokens": np.asarray(tokens, np.int64),
                 "positions": np.asarray(positions, np.int64),
                 "logit_rows": np.asarray(logit_rows, np.int64), **states}
-        outs = self.compiled(*(feed[n] for n in self._names), rows=rows)
+        if self.per_sequence:
+            outs = self._call_each(feed, rows)
+        else:
+            outs = self.compiled(*(feed[n] for n in self._names), rows=rows)
         logits = outs[self._logits]
         if "logit_rows" not in self._names:            # every row came back: keep the lasts
             logits = logits[np.cumsum(rows) - 1]
         return logits, outs
+
+    def _call_each(self, feed: dict, rows) -> list:
+        """The outputs of one batched call, made by running each sequence alone: row
+        inputs cut by ``rows`` (``logit_rows`` entries taken by the sequence whose rows
+        they index, counted from its first), states taken per sequence; logits put back
+        in ``logit_rows`` order, every other output a ``PerSequence``."""
+        picks = feed["logit_rows"]
+        has_picks = "logit_rows" in self._names
+        parts, per, start = [], [], 0
+        for k, n in enumerate(rows):
+            mine = np.nonzero((picks >= start) & (picks < start + n))[0]
+            one = {"tokens": feed["tokens"][start:start + n],
+                   "positions": feed["positions"][start:start + n],
+                   "logit_rows": picks[mine] - start,
+                   **{s: feed[s][k] for s in self._states}}
+            outs = self.compiled(*(one[m] for m in self._names))
+            parts.append((mine, outs[self._logits]))
+            per.append(outs)
+            start += n
+        if has_picks:
+            first = parts[0][1]
+            logits = np.empty((len(picks),) + first.shape[1:], first.dtype)
+            for mine, part in parts:
+                logits[mine] = part
+        else:                                  # every row came back: one after another
+            logits = np.concatenate([part for _, part in parts])
+        return [logits if j == self._logits else PerSequence(o[j] for o in per)
+                for j in range(len(per[0]))]
 
     def _prefill(self, r: Request) -> None:
         if not r.prompt:

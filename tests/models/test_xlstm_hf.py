@@ -220,9 +220,6 @@ def test_xlstm_model_generate_matches_hf(xlstm):
     assert ours.generate(prompt, 6, temperature=0).ids == want
 
 
-@pytest.mark.xfail(strict=True, reason="batched decoding (rows=) of a spec whose recurrent "
-                   "state is read by ordinary ops (matmul, mul): the mLSTM has no per-sequence "
-                   "op with a state input, and ops reading across axis 0 would mix sequences")
 def test_xlstm_batched_generate_matches_hf(xlstm):
     import torch
 

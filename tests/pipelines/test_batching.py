@@ -149,3 +149,37 @@ def test_a_state_read_by_another_op_is_refused_by_name_in_a_batched_run():
     with pytest.raises(md.GraphError, match=r"attn: reshape: reads the state 'kv_cache'"):
         c(x, caches, rows=[1, 1])
     assert len(c(x, np.zeros((2, 0, 2, 4), np.float32))) == 3      # one sequence: fine
+
+
+def test_a_state_read_by_plain_ops_decodes_each_sequence_alone_with_the_same_ids():
+    """A recurrent state updated by plain ops (``add``) cannot be one array per sequence
+    in one call: the runner runs each sequence of a step through the graph in turn, and
+    greedy ids equal a plain loop's."""
+    v = 16
+    table = np.random.default_rng(5).standard_normal((v, v)).astype(np.float32)
+    g = md.Graph("acc", [md.TensorType("int64", ("seq",)), md.TensorType("int64", ("seq",)),
+                         md.TensorType("int64", ("rows",)), md.TensorType("float32", (1, v))],
+                 input_names=["tokens", "positions", "logit_rows", "acc"])
+    tokens, _, rows, acc = g.inputs
+    e = md.ops.embedding(g.constant(table), tokens)
+    acc_new = md.ops.add(acc, md.ops.mul(md.ops.sum(e, axis=0, keepdims=True), 0.5))
+    logits = md.ops.gather(md.ops.add(e, md.ops.neg(acc_new)), rows, axis=0)
+    g.output([logits, acc_new], names=["logits", "acc"])
+    compiled = md.compile(g)
+
+    def loop(prompt, n):
+        ids, state, pos = list(prompt), np.zeros((1, v), np.float32), 0
+        feed = list(prompt)
+        while len(ids) < len(prompt) + n:
+            out, state = compiled(np.array(feed), np.arange(pos, pos + len(feed)),
+                                  np.array([len(feed) - 1]), state)
+            pos += len(feed)
+            feed = [int(np.argmax(out[0]))]
+            ids.append(feed[0])
+        return ids[len(prompt):]
+
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
+    runner = BatchRunner(compiled, max_batch=3)
+    assert runner.per_sequence
+    got = runner.run([Request(p, greedy, 6) for p in prompts])
+    assert [r.ids for r in got] == [loop(p, 6) for p in prompts]
