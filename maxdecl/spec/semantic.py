@@ -14,6 +14,7 @@ with "(variant 8b)".
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import fnmatch
@@ -80,6 +81,31 @@ def _dims_polynomial(text: str, declared) -> bool:
     except (TypeError, ValueError):
         return False
     return bool(names) and names <= set(declared)
+
+
+def _unknown_beside_dims(text: str, env, dims):
+    """In a dim that uses a symbolic dim, the first name that is neither a dim nor a
+    param, or None."""
+    try:
+        names = [n.id for n in ast.walk(ast.parse(text.strip(), mode="eval"))
+                 if isinstance(n, ast.Name)]
+    except (SyntaxError, ValueError):
+        return None
+    if not set(names) & set(dims):
+        return None
+    return next((n for n in names if n not in dims and n not in env), None)
+
+
+class _ParamValues(ast.NodeTransformer):
+    """Names that are not symbolic dims replaced by their (int) values in ``env``."""
+
+    def __init__(self, dims, env):
+        self.dims, self.env = dims, env
+
+    def visit_Name(self, node):
+        if node.id in self.dims:
+            return node
+        return ast.copy_location(ast.Constant(self.env[node.id]), node)
 
 
 def _unknown_op_hint(name, known) -> str:
@@ -208,6 +234,8 @@ class Expander:
             return raw.strip()
         elif isinstance(raw, str) and symbolic and _dims_polynomial(raw, self.spec.dims):
             return raw.strip()                  # past+seq, 2*seq: checked when bound
+        elif isinstance(raw, str) and symbolic and self.dims_with_params(raw, env) is not None:
+            return self.dims_with_params(raw, env)      # "{patch_len}*patches", p*patches
         elif isinstance(raw, str):
             text = raw.strip()
             if text.startswith("{") and text.endswith("}") and len(split_template(text)) == 1:
@@ -215,6 +243,12 @@ class Expander:
             try:
                 value = evaluate(text, env)
             except ExprError as e:
+                unknown = _unknown_beside_dims(text, env, self.spec.dims) if symbolic else None
+                if unknown is not None:         # q*patches: name q, not the dim
+                    self.problem(pos, f"shape: undefined name {unknown!r} in {text!r} (a dim "
+                                      f"multiplies symbolic dims ({', '.join(self.spec.dims)}) "
+                                      f"by ints and int params){_hint(unknown, env)}")
+                    return None
                 extra = (f" (symbolic dims: {', '.join(self.spec.dims)})"
                          if symbolic and self.spec.dims and "undefined name" in str(e) else "")
                 self.problem(pos, f"shape: {e}{extra}")
@@ -229,6 +263,35 @@ class Expander:
                               f"{'non-negative' if symbolic else 'positive'} integer")
             return None
         return value
+
+    def dims_with_params(self, raw: str, env):
+        """A dim over declared symbolic dims and int params (``"{patch_len}*patches"``,
+        ``patch_len*patches``) with the params' values put in (``8*patches``), or None
+        when ``raw`` is not one (no symbolic dim, or a name that is neither)."""
+        text = raw.strip()
+        if "{" in text:
+            try:
+                text = render(text, env)
+            except ExprError:
+                return None
+            if not isinstance(text, str):
+                return None
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except (SyntaxError, ValueError):
+            return None
+        dims = set(self.spec.dims)
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        if not names & dims:
+            return None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id not in dims:
+                value = env.get(node.id)
+                if not isinstance(value, int) or isinstance(value, bool):
+                    return None
+        swapped = _ParamValues(dims, env).visit(tree)
+        text = ast.unparse(swapped).replace(" ", "")
+        return text if _dims_polynomial(text, dims) else None
 
     def shape(self, raw, env, base_ptr: str, symbolic: bool):
         dims = [self.dim(d, env, self.at(f"{base_ptr}/{k}"), symbolic)
