@@ -149,6 +149,26 @@ _sum = _fold("sum", "+", lambda a, b: a + b)
 _prod = _fold("prod", "*", lambda a, b: a * b)
 
 
+def _truth(name, pick):
+    """``all`` / ``any`` over a list of bools (a test per layer:
+    ``all([taps[i] < taps[i + 1] for i in range(len(taps) - 1)])``)."""
+    def test(xs):
+        if not isinstance(xs, (list, tuple)) or not all(isinstance(v, bool) for v in xs):
+            raise ExprError(f"{name} takes a list of true/false values, got {xs!r}")
+        return pick(xs)
+    return test
+
+
+def _sorted(xs):
+    """``sorted(xs)``: a list of numbers or of strings in ascending order (Python's)."""
+    if not isinstance(xs, (list, tuple)) or not (
+            all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
+            or all(isinstance(v, str) for v in xs)):
+        raise ExprError(f"sorted takes a list of numbers or of strings, got {xs!r}")
+    budgets.charge(len(xs) + 1)
+    return sorted(xs)
+
+
 def _float32(x):
     """``x`` rounded to the nearest float32 (as a Python float): a table that torch builds
     in float32 step by step (a frequency, then its angle) reproduced exactly."""
@@ -204,7 +224,8 @@ FUNCTIONS = {
     "min": min, "max": max, "abs": abs, "round": _round, "int": _int, "float": float,
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,
-    "erf": math.erf, "normal_icdf": _normal_icdf,
+    "erf": math.erf, "normal_icdf": _normal_icdf, "all": _truth("all", all),
+    "any": _truth("any", any), "sorted": _sorted,
     "alibi_slopes": alibi_slopes, "llama3_rope_factors": llama3_rope_factors,
 }
 

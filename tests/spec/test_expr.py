@@ -52,12 +52,19 @@ ENV = {"dim": 4096, "n_heads": 32, "i": 5, "window": 512, "rope_local": 1e4,
     ("make_divisible(10, 8, 16)", 16),
     ("prod([2, 4, 5, 8])", 320),
     ("prod(sizes, 0.5)", 3.0),
+    ("all([s > 0 for s in sizes])", True),
+    ("any([s > 2 for s in sizes])", True),
+    ("all([])", True),
+    ("sorted([3, 1.5, 2])", [1.5, 2, 3]),
+    ("sorted(['b', 'a'])", ['a', 'b']),
 ])
 def test_evaluates(text, want):
     assert evaluate(text, ENV) == want
 
 
 @pytest.mark.parametrize("text, fragment", [
+    ("all(sizes)", "all takes a list of true/false values"),
+    ("sorted([1, 'a'])", "sorted takes a list of numbers or of strings"),
     ("__import__('os').system('ls')", "unknown function"),
     ("dim.__class__", "Attribute is not allowed"),
     ("(lambda: 1)()", "unknown function"),
