@@ -6,10 +6,15 @@ source input named ``enc_*`` (``enc_tokens``: token ids; any other, such as Whis
 ``enc_features``: an array given as the prompt) and it outputs ``logits``;
 ``enc_positions`` and ``dec_positions`` are fed when present (0.. along the source's
 first axis; the decoder's absolute positions), and every other input is a state fed
-back by the output of the same name (the decoder's KV caches). The decoder starts from
-the param ``decoder_start`` (T5: the pad id 0; BART: 2). The steps that read only the
-source (the encoder, the cross-attention keys and values) run once per source
-(``CompiledGraph.fixed``), not at every decoder step.
+back by the output of the same name (the decoder's KV caches). A source mask input
+(``enc_mask`` or ``enc_attention_mask``, for padded batches) is fed all ones: one
+source has no padding. A spec with a batch axis (``dec_tokens`` declared ``[batch,
+seq]``, the source ``[batch, ...]``) gets a batch of one: the source, dec_tokens (and
+a 2-D ``dec_positions``) with a leading axis of 1, states with their batch dim 1, the
+logits' batch axis dropped. The decoder starts from the param ``decoder_start`` (T5:
+the pad id 0; BART: 2). The steps that read only the source (the encoder, the
+cross-attention keys and values) run once per source (``CompiledGraph.fixed``), not at
+every decoder step.
 """
 
 from __future__ import annotations
@@ -19,16 +24,17 @@ import numpy as np
 from ..errors import MaxdeclError
 from .generate import Session
 
-STEP_INPUTS = ("enc_positions", "dec_tokens", "dec_positions", "logit_rows")
+SOURCE_MASKS = ("enc_mask", "enc_attention_mask")
+STEP_INPUTS = ("enc_positions", "dec_tokens", "dec_positions", "logit_rows") + SOURCE_MASKS
 
 
 def source_input(input_names) -> str | None:
     """The encoder's source input: ``enc_tokens``, else the one other ``enc_*`` input
-    (not ``enc_positions``), else None."""
+    (not ``enc_positions`` or a source mask), else None."""
     names = list(input_names)
     if "enc_tokens" in names:
         return "enc_tokens"
-    others = [n for n in names if n.startswith("enc_") and n != "enc_positions"]
+    others = [n for n in names if n.startswith("enc_") and n not in STEP_INPUTS]
     return others[0] if len(others) == 1 else None
 
 
@@ -58,29 +64,58 @@ class Seq2SeqSession(Session):
         self._in_names = names
         self._logits_index = out_names.index("logits")
         self._source_name = source_input(names)
-        fixed = [self._source_name] + [n for n in ("enc_positions",) if n in names]
+        fixed = [self._source_name] + [n for n in ("enc_positions",) + SOURCE_MASKS
+                                       if n in names]
         self.run = run.fixed(fixed) if hasattr(run, "fixed") else run
         self._state_names = [n for n in names
                              if n not in STEP_INPUTS and n != self._source_name]
         self._state_out = {n: out_names.index(n) for n in self._state_names}
-        want = next(v for v in graph.inputs if v.name == self._source_name).dtype.numpy
-        self.source = (np.asarray(source_ids, np.int64).reshape(-1)
-                       if self._source_name == "enc_tokens" else np.asarray(source_ids, want))
+        types = {v.name: v.type for v in graph.inputs}
+        self._types = types
+        dec = types["dec_tokens"]
+        self._batch_dim = dec.shape[0] if dec.rank == 2 else None    # [batch, seq]: one
+        src_type = types[self._source_name]
+        if self._source_name == "enc_tokens":
+            source = np.asarray(source_ids, np.int64).reshape(-1)
+        else:
+            source = np.asarray(source_ids, src_type.dtype.numpy)
+        if self._batch_dim is not None and source.ndim == src_type.rank - 1:
+            source = source[None]                  # a batch of one source
+        self.source = source
         if not self.source.size:
             raise MaxdeclError("the source is empty (the encoder needs at least one token)")
+        self._mask = {n: np.ones(source.shape, types[n].dtype.numpy)
+                      for n in SOURCE_MASKS if n in names}
+
+    def initial_state(self) -> dict:
+        """Zero-length caches: each state input with its symbolic dims set to 0, the
+        batch dim (dec_tokens' first, when it has one) to 1."""
+        return {n: np.zeros(tuple(d if isinstance(d, int) else 1 if d == self._batch_dim
+                                  else 0 for d in self._types[n].shape),
+                            self._types[n].dtype.numpy)
+                for n in self._state_names}
 
     def step(self, tokens, start: int, state: dict, all_logits: bool = False):
         """Run decoder ``tokens`` at positions ``start..`` over the bound source; returns
         (logits, new state)."""
         tokens = np.asarray(tokens, np.int64)
+        batched = self._batch_dim is not None
+        positions = np.arange(start, start + tokens.size, dtype=np.int64)
+        if batched and self._types.get("dec_positions") is not None \
+                and self._types["dec_positions"].rank == 2:
+            positions = positions[None]
         feed = {self._source_name: self.source,
-                "enc_positions": np.arange(self.source.shape[0], dtype=np.int64),
-                "dec_tokens": tokens,
-                "dec_positions": np.arange(start, start + tokens.size, dtype=np.int64),
+                "enc_positions": np.arange(self.source.shape[1 if batched else 0],
+                                           dtype=np.int64),
+                "dec_tokens": tokens[None] if batched else tokens,
+                "dec_positions": positions,
                 "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits
-                               else np.array([tokens.size - 1], np.int64)), **state}
+                               else np.array([tokens.size - 1], np.int64)),
+                **self._mask, **state}
         outs = self.run(*(feed[n] for n in self._in_names))
         logits = outs[self._logits_index]
+        if batched:
+            logits = logits[0]
         if "logit_rows" not in self._in_names and not all_logits:
             logits = logits[-1:]
         return logits, {n: outs[i] for n, i in self._state_out.items()}
