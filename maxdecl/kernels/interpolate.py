@@ -100,4 +100,71 @@ def _run(args, attrs):
     return [np.ascontiguousarray(y, dtype=x.dtype)]
 
 
-RUN = {"interpolate": _run}
+def _reflect(coord, twice_low, twice_high):
+    """torch's reflect_coordinates: ``coord`` mirrored into [low, high]."""
+    if twice_low == twice_high:
+        return np.zeros_like(coord)
+    low = _F(twice_low / 2)
+    span = _F((twice_high - twice_low) / 2)
+    c = np.abs(coord - low)
+    extra = np.fmod(c, span)
+    flips = np.floor(c / span)
+    return np.where(np.fmod(flips, 2) == 0, extra + low, span - extra + low).astype(_F)
+
+
+def _grid_coords(coord, size, padding, align_corners):
+    """A grid axis in [-1, 1] as source pixel coordinates (torch's CPU kernel: unnormalize,
+    then border clamping or reflection), float32."""
+    if align_corners:
+        c = (coord + _F(1)) * _F((size - 1) / 2)
+    else:
+        c = (coord + _F(1)) * _F(size / 2) - _F(0.5)
+    if padding == "border":
+        c = np.clip(c, _F(0), _F(size - 1))
+    elif padding == "reflection":
+        c = (_reflect(c, 0, 2 * (size - 1)) if align_corners
+             else _reflect(c, -1, 2 * size - 1))
+        c = np.clip(c, _F(0), _F(size - 1))
+    return c.astype(_F, copy=False)
+
+
+def _grid_run(args, attrs):
+    x, grid = args
+    x = np.asarray(x, _F)
+    if not attrs["channels_last"]:
+        x = np.moveaxis(x, 1, -1)                   # [N, H, W, C]
+    n, h, w, c = x.shape
+    g = np.asarray(grid, _F)
+    if g.shape[0] != n:
+        raise ValueError(f"grid_sample: grid batch {g.shape[0]} for x batch {n}")
+    ix = _grid_coords(g[..., 0], w, attrs["padding_mode"], attrs["align_corners"])
+    iy = _grid_coords(g[..., 1], h, attrs["padding_mode"], attrs["align_corners"])
+    batch = np.arange(n).reshape(n, 1, 1)
+
+    def tap(yy, xx):
+        """x at integer points (any), zero where outside (or x empty); [N, Ho, Wo, C]."""
+        ok = (xx >= 0) & (xx < w) & (yy >= 0) & (yy < h)
+        if not (h and w):
+            return np.zeros(xx.shape + (c,), _F), ok
+        vals = x[batch, np.clip(yy, 0, max(h - 1, 0)), np.clip(xx, 0, max(w - 1, 0))]
+        return np.where(ok[..., None], vals, _F(0)), ok
+
+    if attrs["mode"] == "nearest":
+        out, _ = tap(np.rint(iy).astype(np.int64), np.rint(ix).astype(np.int64))
+    else:
+        x0, y0 = np.floor(ix), np.floor(iy)
+        e, s = ix - x0, iy - y0                    # east and south weights' deltas
+        wd, nd = _F(1) - e, _F(1) - s
+        xi, yi = x0.astype(np.int64), y0.astype(np.int64)
+        out = None
+        for (dy, dx), weight in (((0, 0), nd * wd), ((0, 1), nd * e), ((1, 0), s * wd),
+                                 ((1, 1), s * e)):
+            vals, _ = tap(yi + dy, xi + dx)
+            term = vals * weight[..., None]
+            out = term if out is None else out + term
+    if not attrs["channels_last"]:
+        out = np.moveaxis(out, -1, 1)
+    return [np.ascontiguousarray(out, dtype=args[0].dtype)]
+
+
+RUN = {"interpolate": _run, "grid_sample": _grid_run}

@@ -21,7 +21,7 @@ from ..dtypes import TensorType, format_shape
 from . import _checks
 from ._registry import define, public
 
-__all__ = ["interpolate"]
+__all__ = ["interpolate", "grid_sample"]
 
 MODES = ("nearest", "nearest-exact", "linear", "cubic")
 MAX_SIZE = 1 << 24          # an output dim above this is refused (a typo, not a model)
@@ -149,4 +149,66 @@ def interpolate():  # noqa: A001 - the signature comes from the definition
 
         y = md.ops.interpolate(x, size=(64, 64), mode="linear")   # x: [N, H, W, C]
         y = md.ops.interpolate(x, scale_factor=2)                 # nearest, 2x
+    """
+
+
+# -- grid_sample ----------------------------------------------------------------------
+GRID_MODES = ("bilinear", "nearest")
+GRID_PADDING = ("zeros", "border", "reflection")
+
+
+def _normalize_grid(a):
+    mode, padding = str(a["mode"]), str(a["padding_mode"])
+    if mode not in GRID_MODES:
+        raise ValueError(f"mode must be one of {', '.join(GRID_MODES)}, got {mode!r}")
+    if padding not in GRID_PADDING:
+        raise ValueError(f"padding_mode must be one of {', '.join(GRID_PADDING)}, got "
+                         f"{padding!r}")
+    return {**a, "mode": mode, "padding_mode": padding,
+            "align_corners": bool(a["align_corners"]), "channels_last": bool(a["channels_last"])}
+
+
+def _grid_rule(inputs, attrs):
+    x, grid = inputs
+    _checks.not_quantized(x, grid)
+    _checks.no_bfloat16(x, grid)
+    _checks.float_input(x)
+    _checks.float_input(grid, "grid")
+    if x.rank != 4 or grid.rank != 4 or not _checks.dims_equal(grid.shape[-1], 2):
+        raise ValueError(f"grid_sample needs x [N, H, W, C] (or [N, C, H, W]) and grid "
+                         f"[N, H_out, W_out, 2], got x{format_shape(x.shape)} and "
+                         f"grid{format_shape(grid.shape)}")
+    if not _checks.dims_equal(x.shape[0], grid.shape[0]):
+        raise ValueError(f"x{format_shape(x.shape)} and grid{format_shape(grid.shape)} must "
+                         f"have one batch size")
+    _checks.same_dtype(x, grid)
+    n, ho, wo = grid.shape[:3]
+    c = x.shape[-1] if attrs["channels_last"] else x.shape[1]
+    shape = (n, ho, wo, c) if attrs["channels_last"] else (n, c, ho, wo)
+    return [TensorType(x.dtype, shape)]
+
+
+define("grid_sample", rule=_grid_rule, run="interpolate", inputs=("x", "grid"),
+       attrs={"mode": "bilinear", "padding_mode": "zeros", "align_corners": False,
+              "channels_last": True},
+       normalize=_normalize_grid, kind="resample",
+       doc="x sampled at the points of grid (torch.nn.functional.grid_sample, 2-D): "
+           "bilinear or nearest, zeros, border or reflection padding",
+       rule_doc="x float [N, H, W, C] ([N, C, H, W] without channels_last), grid x's dtype "
+                "[N, H_out, W_out, 2]; out: [N, H_out, W_out, C] (or [N, C, H_out, W_out])")
+
+
+@public
+def grid_sample():  # noqa: A001 - the signature comes from the definition
+    """Sample ``x`` at the points of ``grid``, as ``torch.nn.functional.grid_sample`` on
+    4-D input (deformable attention's multi-scale sampling, spatial transformers).
+
+    x: ``[N, H, W, C]`` (``channels_last``, the default) or torch's ``[N, C, H, W]``;
+    grid: ``[N, H_out, W_out, 2]``, each point ``(x, y)`` in ``[-1, 1]`` across the
+    width and the height (``-1`` the left / top edge: the first pixel's centre with
+    ``align_corners``, its outer edge without). The output is ``[N, H_out, W_out, C]``
+    (or ``[N, C, H_out, W_out]``). ``mode``: ``bilinear`` (the four neighbours weighted
+    by distance) or ``nearest`` (rounding half to even). ``padding_mode``: ``zeros``
+    (taps outside x count as 0), ``border`` (points clamped to the edge) or
+    ``reflection`` (points mirrored back inside). float32 math in torch's order.
     """
