@@ -11,23 +11,20 @@ def _np_axis(axis):
     return axis  # None, int or tuple: NumPy takes all three
 
 
-def _sum_run(args, attrs):
-    x = args[0]
-    acc = np.float32 if x.dtype.kind == "f" else x.dtype
-    out = np.sum(x, axis=_np_axis(attrs["axis"]), dtype=acc, keepdims=attrs["keepdims"])
-    return [np.asarray(out).astype(x.dtype, copy=False)]
+def _accumulating(fold):
+    """The runtime of ``sum`` / ``prod``: ``fold`` (np.sum, np.prod) with floats (float16
+    too) accumulated in float32 and integers in their own dtype, cast back to x's."""
+    def run(args, attrs):
+        x = args[0]
+        acc = np.float32 if x.dtype.kind == "f" else x.dtype
+        out = fold(x, axis=_np_axis(attrs["axis"]), dtype=acc, keepdims=attrs["keepdims"])
+        return [np.asarray(out).astype(x.dtype, copy=False)]
+    return run
 
 
 def _mean_run(args, attrs):
     x = args[0]
     out = np.mean(x, axis=_np_axis(attrs["axis"]), dtype=np.float32, keepdims=attrs["keepdims"])
-    return [np.asarray(out).astype(x.dtype, copy=False)]
-
-
-def _prod_run(args, attrs):
-    x = args[0]
-    acc = np.float32 if x.dtype.kind == "f" else x.dtype
-    out = np.prod(x, axis=_np_axis(attrs["axis"]), dtype=acc, keepdims=attrs["keepdims"])
     return [np.asarray(out).astype(x.dtype, copy=False)]
 
 
@@ -88,7 +85,7 @@ def _softmax_run(args, attrs):
     return [np.moveaxis(out, -1, axis)]
 
 
-RUN = {"sum": _sum_run, "mean": _mean_run, "max": _max_run, "min": _min_run,
-       "prod": _prod_run, "sort": _sort_run,
+RUN = {"sum": _accumulating(np.sum), "mean": _mean_run, "max": _max_run, "min": _min_run,
+       "prod": _accumulating(np.prod), "sort": _sort_run,
        "argmax": _arg_run(np.argmax), "argmin": _arg_run(np.argmin),
        "cumsum": _cumsum_run, "cummax": _cummax_run, "softmax": _softmax_run}
