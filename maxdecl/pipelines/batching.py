@@ -15,7 +15,9 @@ other input a state fed back by the output of the same name.
 A graph whose state is read by plain ops (a recurrence written with ``mul`` and
 ``add``, a ``reshape`` of a cache) cannot take one array per sequence in one call; its
 steps run each sequence through the graph in turn (``per_sequence``), with the same
-numbers as alone and none of the shared weight reads.
+numbers as alone and none of the shared weight reads. So does a graph whose batched
+call fails (a ``masked_attention`` whose mask follows the step's rows), from its first
+failing step on.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import MaxdeclError
+from ..errors import GraphError, MaxdeclError
 from ..kernels.config import GEMV_MAX_ROWS     # decode rows per step that keep solo numerics
 from ..kernels.kv_cache import truncate_kv
 from ..runtime import PerSequence, direct_state_reader
@@ -153,7 +155,14 @@ class BatchRunner:
         if self.per_sequence:
             outs = self._call_each(feed, rows)
         else:
-            outs = self.compiled(*(feed[n] for n in self._names), rows=rows)
+            try:
+                outs = self.compiled(*(feed[n] for n in self._names), rows=rows)
+            except GraphError:
+                # an op that cannot take the batch as one call (a masked_attention
+                # whose mask follows the step's rows): each sequence alone from now on,
+                # and an error that is not about the batch comes back from there
+                outs = self._call_each(feed, rows)
+                self.per_sequence = True
         logits = outs[self._logits]
         if "logit_rows" not in self._names:            # every row came back: keep the lasts
             logits = logits[np.cumsum(rows) - 1]

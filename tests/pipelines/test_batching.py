@@ -183,3 +183,39 @@ def test_a_state_read_by_plain_ops_decodes_each_sequence_alone_with_the_same_ids
     assert runner.per_sequence
     got = runner.run([Request(p, greedy, 6) for p in prompts])
     assert [r.ids for r in got] == [loop(p, 6) for p in prompts]
+
+
+def test_a_graph_that_fails_batched_falls_back_to_each_sequence_alone():
+    """A masked_attention whose mask follows the step's rows cannot be cut per sequence:
+    the first batched call fails, and the runner runs each sequence alone from then on,
+    with the ids of a plain loop."""
+    v, d = 12, 8
+    rng = np.random.default_rng(9)
+    table = rng.standard_normal((v, d)).astype(np.float32)
+    head = rng.standard_normal((v, d)).astype(np.float32)
+    g = md.Graph("masked", [md.TensorType("int64", ("seq",)), md.TensorType("int64", ("seq",)),
+                            md.TensorType("float32", (2, "past", 1, d))],
+                 input_names=["tokens", "positions", "kv_cache"])
+    tokens, positions, cache = g.inputs
+    x = md.ops.reshape(md.ops.embedding(g.constant(table), tokens), [-1, 1, d])
+    bias = md.ops.mul(md.ops.cast(md.ops.reshape(positions, [1, -1, 1]), "float32"), 0.01)
+    a, cache_new = md.ops.masked_attention(x, x, x, bias, cache)
+    logits = md.ops.linear(md.ops.reshape(a, [-1, d]), g.constant(head))
+    g.output([logits, cache_new], names=["logits", "kv_cache"])
+    compiled = md.compile(g)
+
+    def loop(prompt, n):
+        ids, state, feed, pos = [], np.zeros((2, 0, 1, d), np.float32), list(prompt), 0
+        while len(ids) < n:
+            out, state = compiled(np.array(feed), np.arange(pos, pos + len(feed)), state)
+            pos += len(feed)
+            feed = [int(np.argmax(out[-1]))]
+            ids.append(feed[0])
+        return ids
+
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    runner = BatchRunner(compiled, max_batch=3)
+    assert not runner.per_sequence
+    got = runner.run([Request(p, greedy, 5) for p in prompts])
+    assert runner.per_sequence
+    assert [r.ids for r in got] == [loop(p, 5) for p in prompts]
