@@ -125,4 +125,6 @@ RUN = {
     "cast": lambda args, attrs: [args[0].astype(attrs["dtype"].numpy)],
     "clamp": lambda args, attrs: [_clamp(args[0], attrs)],
     "glu": lambda args, attrs: [_glu(args[0], attrs["axis"])],
+    "leaky_relu": lambda args, attrs: [np.where(
+        args[0] >= 0, args[0], args[0] * args[0].dtype.type(attrs["negative_slope"]))],
 }

@@ -193,6 +193,18 @@ def _glu_rule(types, attrs):
     return [TensorType(x.dtype, tuple(shape))]
 
 
+def _normalize_slope(attrs):
+    slope = attrs["negative_slope"]
+    if isinstance(slope, bool) or not isinstance(slope, (int, float)) or slope != slope:
+        raise ValueError(f"negative_slope must be a number, got {slope!r}")
+    return {**attrs, "negative_slope": float(slope)}
+
+
+define("leaky_relu", rule=_float_unary_rule, run="elementwise",
+       attrs={"negative_slope": 0.01}, normalize=_normalize_slope, kind="elementwise",
+       doc="elementwise x where x >= 0, else negative_slope * x "
+           "(torch.nn.functional.leaky_relu; HiFi-GAN and UnivNet use 0.1 / 0.2)",
+       rule_doc="x: float; out: the type of x")
 define("glu", rule=_glu_rule, run="elementwise", attrs={"axis": -1}, kind="elementwise",
        normalize=lambda a: {**a, "axis": int(a["axis"])},
        doc="gated linear unit: the first half of axis times the sigmoid of the second "
@@ -222,6 +234,8 @@ clamp = public_op(
     "``min``, ``max``: numbers (expressions allowed), either None for no bound; min <= "
     "max. NaN stays NaN. OLMo's ``clip_qkv`` is ``{min: \"{-clip_qkv}\", max: "
     "\"{clip_qkv}\"}``; a bound in the dtype of ``x`` (an int ``x`` takes whole bounds).")
+leaky_relu = public_op("leaky_relu", "``x`` where ``x >= 0``, else ``negative_slope * x`` "
+                       "(``torch.nn.functional.leaky_relu``; the slope in x's dtype).")
 glu = public_op("glu", "``a * sigmoid(b)`` where ``a, b`` are the halves of ``x`` along "
                 "``axis`` (``torch.nn.functional.glu``): Speech2Text's and wav2vec-style "
                 "convolutional gates.")

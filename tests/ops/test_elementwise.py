@@ -210,3 +210,11 @@ def test_glu_halves_the_axis():
     g.output(md.ops.glu(g.inputs[0], axis=0))
     with pytest.raises(md.GraphError, match="odd"):
         md.compile(g)(np.zeros((3, 6), np.float32), np.zeros(5, np.float32))
+
+
+@pytest.mark.parametrize("slope", [0.01, 0.2, 0.15, -0.5])
+def test_leaky_relu_matches_torch(rng, slope):
+    x = rng.standard_normal((3, 17)).astype(np.float32) * 3
+    x[0, :3] = [0.0, -0.0, np.inf]
+    out = run_op(lambda v: md.ops.leaky_relu(v, negative_slope=slope), x)
+    np.testing.assert_array_equal(out, F.leaky_relu(torch.from_numpy(x), slope).numpy())
