@@ -159,7 +159,15 @@ def conv_transpose():  # noqa: A001 - the signature comes from the definition
 
     Args: x ``[N, H, W, C]`` (or ``[N, D, H, W, C]``, NCHW, NCDHW), filter ``[kH, kW,
     C_out/groups, C]`` (NCHW: ``[C, C_out/groups, kH, kW]``), bias ``[C_out]``.
-    Returns ``[N, OH, OW, C_out]`` in the input's layout.
+    Returns ``[N, OH, OW, C_out]`` in the input's layout: per spatial dim ``(in - 1) *
+    stride - pad_before - pad_after + dilation * (k - 1) + 1 + output_padding``, which a
+    symbolic ``in`` keeps as a polynomial (stride 4, k 8, padding 2 over ``L`` gives
+    ``4*L``). ``stride``, ``dilation``, ``output_padding``: an int or one per spatial
+    dim; ``padding``: an int, one per spatial dim, or before/after per dim. 1-D
+    (torch's ``ConvTranspose1d``, a vocoder's upsampling): a height-1 map ``[N, 1, L,
+    C]`` with ``stride: [1, s]``, ``padding: [0, p]``, ``output_padding: [0, op]``, and
+    torch's ``[C_in, C_out/groups, k]`` filter made ``[C_in, C_out/groups, 1, k]`` by the
+    ``unsqueeze: 2`` transform and read with ``filter_layout: CFRS``.
 
     Example::
 
