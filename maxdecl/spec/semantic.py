@@ -351,7 +351,9 @@ class Expander:
         for w in self.weights.values():
             if w.name not in self.used_weights:
                 self.problem(w.pos, f"weight {w.name!r} is declared but no op uses it "
-                                    f"(reference it as .{w.name.rsplit('.', 1)[-1]})")
+                                    f"(reference it as .{w.name.rsplit('.', 1)[-1]} from "
+                                    f"the declaring layer or one inside it, else by its "
+                                    f"full name)")
         return Program(
             name=spec.name, file=spec.file, variant=self.variant,
             params=MappingProxyType(dict(self.env)), steps=tuple(self.steps),
@@ -816,9 +818,12 @@ class Expander:
                     self.used_weights.add(scope[local])
                     return Ref("weight", scope[local])
             declared = sorted({k for s in wscope for k in s})
+            elsewhere = sorted(n for n in self.weights if n.rsplit(".", 1)[-1] == local)
+            where = (f"; {elsewhere[-1]!r} is another layer's (a sibling's weights are not "
+                     "visible as .name): use its full name" if elsewhere else "")
             self.problem(pos, f"no weight {local!r} in this layer or an enclosing one "
                               f"(declared: {', '.join(declared) or 'none'})"
-                              + _hint(local, declared))
+                              + (where or _hint(local, declared)))
             return None
         if "." in text or parts is not None:
             name = self.render(text, env, pos, "")
