@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import WeightsError
+from .errors import SpecError, WeightsError
 from .spec import Spec, load_spec
 from .blocks import known as known_encodings
 from .spec.decls import PConst, PInput, POp, PWeight, Program
@@ -33,6 +33,23 @@ def _program(spec, variant=None, params=None, check_encodings=True) -> tuple[Spe
     if not isinstance(spec, Spec):
         spec = load_spec(spec, variant)
     return spec, spec.program(variant or spec.variant, params, check_encodings)
+
+
+BATCHING = ("rows", "per_sequence")
+
+
+def batching_mode(spec, params) -> str:
+    """The spec's ``batching`` for these params: ``rows`` or ``per_sequence``."""
+    from .spec.expr import ExprError, render
+
+    try:
+        mode = render(spec.batching, dict(params))
+    except ExprError as e:
+        raise SpecError(f"{spec.file}: batching: {e}") from None
+    if mode not in BATCHING:
+        raise SpecError(f"{spec.file}: batching {spec.batching!r} gives {mode!r}; expected "
+                        f"rows or per_sequence")
+    return mode
 
 
 def build(spec, weights=None, variant: str | None = None, params: dict | None = None):
@@ -78,6 +95,7 @@ def build(spec, weights=None, variant: str | None = None, params: dict | None = 
     ins = prog.inputs
     g = Graph(prog.name, input_types=[TensorType(p.dtype, p.shape) for p in ins],
               input_names=[p.name for p in ins])
+    g.batching = batching_mode(spec, prog.params)
     env = {p.vid: v for p, v in zip(ins, g.inputs)}
     wvals: dict = {}
     scopes = _Scopes(g)

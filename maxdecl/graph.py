@@ -123,6 +123,10 @@ class Graph:
         (out,) = g.execute(np.ones((2, 16), np.float32))
     """
 
+    # how a batch of sequences runs (``rows``: one call over all their rows;
+    # ``per_sequence``: each sequence alone), from a spec's top-level ``batching``
+    batching = "rows"
+
     def __init__(self, name: str, input_types=(), input_names=None):
         self.name = name
         self.nodes: list[Node] = []

@@ -71,6 +71,7 @@ class CompiledGraph:
             raise GraphError(f"{graph.name}: weights must be a TensorDict or mapping of name "
                              f"-> array, got {type(weights).__name__}")
         self.name = graph.name
+        self.batching = graph.batching
         self.input_types = [v.type for v in graph.inputs]
         self.input_dims = [_dim_kinds(t) for t in self.input_types]
         self.input_names = [v.name for v in graph.inputs]

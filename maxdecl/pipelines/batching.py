@@ -89,9 +89,9 @@ class BatchRunner:
                                "the same name to feed them")
         self._state_out = {n: outs.index(n) for n in self._states}
         self._types = dict(zip(names, compiled.input_types))
-        # a state read by plain ops: each sequence of a step runs alone
-        self.per_sequence = any(direct_state_reader(compiled, names.index(n)) is not None
-                                for n in self._states)
+        # a spec that says so, or a state read by plain ops: each sequence of a step alone
+        self.per_sequence = (getattr(compiled, "batching", "rows") == "per_sequence" or any(
+            direct_state_reader(compiled, names.index(n)) is not None for n in self._states))
         # prompt lookup rolls a state back after a rejected draft: only states that grow
         # along the sequence (KV caches, a symbolic dim at axis -3) can be rolled back
         self.can_lookup = all(t.rank >= 3 and isinstance(t.shape[-3], str)

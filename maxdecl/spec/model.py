@@ -52,6 +52,7 @@ class Spec:
     formats: MappingProxyType        # format -> plain dict (hf, gguf, llama2c, ...)
     marks: MappingProxyType = field(default_factory=lambda: EMPTY, repr=False)
     chat_template: str = ""          # Jinja chat template used when the weights carry none
+    batching: str = "rows"           # raw: "rows", "per_sequence" or "{expression}" giving one
     # programs already unrolled, by (variant, params, check_encodings): a load unrolls
     # the same one to map the weights and to build (Programs are frozen records)
     _programs: dict = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -182,6 +182,7 @@ def parse(data, marks, file: str, variant: str | None = None) -> tuple[Spec | No
         doc=str(data.get("doc", "") or ""),
         chat_template=data.get("chat_template") if isinstance(data.get("chat_template"), str)
         else "",
+        batching=data.get("batching") if isinstance(data.get("batching"), str) else "rows",
         variant=variant or default,
         default_variant=default,
         variants=MappingProxyType(variants),

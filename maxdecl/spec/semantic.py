@@ -345,6 +345,7 @@ class Expander:
                 self.problem(pos, f"unknown weight {name!r}" + hints[name]
                              + " (weights are <layer path>.<name> from `weights:`)")
         self.check_computed()
+        self.check_batching()
         self.check_refuse()
         self.check_config_syntax()
         self.hit_format_maps()
@@ -725,6 +726,17 @@ class Expander:
                 pos = self.at(ptr)
                 self.fill(self.render(raw, self.env, pos, "computed"), w.name, w.shape, pos,
                           "computed")
+
+    def check_batching(self):
+        """The top-level ``batching`` gives rows or per_sequence for this variant."""
+        raw = self.spec.batching
+        if raw == "rows":
+            return
+        pos = self.at("/batching")
+        value = self.render(raw, self.env, pos, "batching")
+        if value is not None and value not in ("rows", "per_sequence"):
+            self.problem(pos, f"batching {raw!r} gives {value!r}; expected rows or "
+                              "per_sequence")
 
     def check_refuse(self):
         """``formats.<fmt>.refuse``: each rule's ``when`` must give true or false for this
