@@ -142,12 +142,11 @@ def _full_like_run(args, attrs):
 
 def _pad_to_multiple_run(args, attrs):
     (x,) = args
-    width = [(0, 0)] * x.ndim
-    for axis, m in zip(attrs["axes"], attrs["multiples"]):
-        width[axis] = (0, (-x.shape[axis]) % m)
-    if not any(after for _, after in width):
+    pads = [p for axis, m in zip(attrs["axes"], attrs["multiples"])
+            for p in (0, (-x.shape[axis]) % m)]
+    if not any(pads):
         return [x]
-    return [np.pad(x, width, constant_values=np.asarray(attrs["value"]).astype(x.dtype))]
+    return _pad_run(args, {**attrs, "pads": pads})
 
 
 def _flatten(x, attrs):

@@ -432,7 +432,10 @@ def _normalize_multiple(a):
     value = a["value"]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"value must be a number, got {value!r}")
-    return {**a, "multiples": m, "axes": axes, "value": float(value)}
+    mode = str(a["mode"])
+    if mode not in PAD_MODES:
+        raise ValueError(f"mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    return {**a, "multiples": m, "axes": axes, "value": float(value), "mode": mode}
 
 
 def padded_to(d, m: int):
@@ -589,11 +592,13 @@ define("pad", rule=_pad_rule, run="shape",
        rule_doc="pads: (before, after) non-negative per axis (axes default: the last ones); "
                 "out: those axes longer by before + after")
 define("pad_to_multiple", rule=_pad_to_multiple_rule, run="shape",
-       attrs={"multiples": REQUIRED, "axes": None, "value": 0.0},
+       attrs={"multiples": REQUIRED, "axes": None, "value": 0.0, "mode": "constant"},
        normalize=_normalize_multiple, kind="shape",
-       doc="x padded at the end of each axis with value up to the next multiple of its "
-           "multiple (transformers' Swin and FocalNet padding of a map to whole windows or "
-           "patches, EnCodec's to whole strides); an axis already a multiple is unchanged",
+       doc="x padded at the end of each axis up to the next multiple of its multiple, with "
+           "value (mode constant) or as pad's reflect, replicate or circular modes "
+           "(transformers' Swin and FocalNet padding of a map to whole windows or patches, "
+           "EnCodec's to whole strides, Swin2SR's reflect padding); an axis already a "
+           "multiple is unchanged",
        rule_doc="multiples positive ints, one per axis (axes default: the last ones); out: "
                 "each axis rounded up to its multiple (a symbolic one: multiple times an "
                 "opaque block count)")

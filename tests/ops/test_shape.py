@@ -520,3 +520,16 @@ def test_strided_slices_of_a_padded_symbolic_axis_keep_one_length(rng):
         np.testing.assert_array_equal(g.execute(a)[0], want)
     odd = md.ops.slice(g.inputs[0], starts=[1], ends=[None], axes=[1], steps=[2])
     assert odd.shape[1] != "h" and "[" in odd.shape[1]        # not a multiple of 2: opaque
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad_to_multiple_modes_match_torch_pad(mode):
+    """Swin2SR reflect-pads a map up to whole windows: each mode as torch's F.pad with
+    the amounts up to the multiples."""
+    import torch.nn.functional as F
+
+    x = np.arange(2 * 5 * 7, dtype=np.float32).reshape(2, 5, 7)
+    out = run_op(lambda v: md.ops.pad_to_multiple(v, multiples=[4, 4], axes=[1, 2],
+                                                  mode=mode), x)
+    ref = F.pad(torch.from_numpy(x)[None], (0, 1, 0, 3), mode=mode)[0].numpy()
+    np.testing.assert_array_equal(out, ref)
