@@ -177,6 +177,9 @@ def _slice_rule(inputs, attrs):
             out[a] = len(range(*builtins.slice(s, e, st).indices(d)))
         elif (s in (None, 0) and st == 1 and (e is None or e >= 2**31 - 1)):
             out[a] = d  # the whole symbolic dim
+        elif (st > 0 and s is not None and e is not None and (s >= 0) == (e >= 0)
+              and e <= s):
+            out[a] = 0  # x[2:2], x[-1:-3]: empty at any length (an empty start to concat on)
         elif (st > 1 and 0 <= (s or 0) < st and (e is None or e >= 2**31 - 1)
               and dims.divide(d, st) is not None):
             # every st-th row of a multiple of st, from any of the first st: d / st rows

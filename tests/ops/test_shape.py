@@ -533,3 +533,18 @@ def test_pad_to_multiple_modes_match_torch_pad(mode):
                                                   mode=mode), x)
     ref = F.pad(torch.from_numpy(x)[None], (0, 1, 0, 3), mode=mode)[0].numpy()
     np.testing.assert_array_equal(out, ref)
+
+
+def test_an_empty_slice_of_a_symbolic_axis_is_zero_long():
+    """x[:, 0:0] starts a value that a repeat grows with concat: its axis types as 0,
+    not as an opaque slice of n, so the grown axis is the pieces' sum."""
+    g = md.Graph("t", [md.TensorType("float32", ("b", "n", 4))])
+    x = g.inputs[0]
+    empty = md.ops.slice(x, [0], [0], [1])
+    assert empty.type.shape == ("b", 0, 4)
+    assert md.ops.slice(x, [-1], [-3], [1]).type.shape == ("b", 0, 4)
+    grown = md.ops.concat([empty, x, x], axis=1)
+    assert grown.type.shape == ("b", "2*n", 4)
+    g.output(grown)
+    (out,) = g.execute(np.ones((2, 3, 4), np.float32))
+    assert out.shape == (2, 6, 4)
