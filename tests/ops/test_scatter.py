@@ -14,7 +14,7 @@ REDUCES = [None, "sum", "prod", "mean", "amax", "amin"]
 
 def _torch(x, axis, idx, vals, reduce, include_self):
     t, i = torch.from_numpy(x.copy()), torch.from_numpy(idx.astype(np.int64))
-    v = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(vals, idx.shape)))
+    v = torch.from_numpy(np.array(np.broadcast_to(vals, idx.shape)))
     if reduce is None:
         return t.scatter(axis, i, v).numpy()
     return t.scatter_reduce(axis, i, v, reduce, include_self=include_self).numpy()
