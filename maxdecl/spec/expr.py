@@ -246,7 +246,7 @@ _SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv
 
 _ALLOWED = (
     ast.Constant, ast.Name, ast.Load, ast.List, ast.Tuple, ast.BinOp, ast.UnaryOp,
-    ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript, ast.Call, ast.ListComp,
+    ast.BoolOp, ast.Compare, ast.IfExp, ast.Subscript, ast.Slice, ast.Call, ast.ListComp,
     ast.comprehension, ast.Store,
     *(op for op in (*_BINOPS, *_UNARY, *_CMP, ast.And, ast.Or)),
 )
@@ -487,6 +487,18 @@ def _eval(node, env, text):
         return _eval(node.body if cond else node.orelse, env, text)
     if isinstance(node, ast.Subscript):
         seq = _eval(node.value, env, text)
+        if isinstance(node.slice, ast.Slice):           # xs[a:b], xs[::-1]: a list or string
+            bounds = [None if b is None else _eval(b, env, text)
+                      for b in (node.slice.lower, node.slice.upper, node.slice.step)]
+            if not isinstance(seq, (list, tuple, str)) or not all(
+                    b is None or (isinstance(b, int) and not isinstance(b, bool))
+                    for b in bounds):
+                raise ExprError(f"{text.strip()!r}: a slice takes a list or string and int "
+                                f"bounds, got {type(seq).__name__} and {bounds}")
+            if bounds[2] == 0:
+                raise ExprError(f"{text.strip()!r}: a slice step of 0")
+            part = seq[slice(*bounds)]
+            return _sized(list(part) if isinstance(part, tuple) else part)
         idx = _eval(node.slice, env, text)
         try:
             return seq[idx]
