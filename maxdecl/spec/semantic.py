@@ -784,6 +784,23 @@ class Expander:
                                 parse(text)
                     except ExprError as e:
                         self.problem(self.at(ptr), f"formats.{fmt}.{key}.{name}: {e}")
+        self.check_map_conditions()
+
+    def check_map_conditions(self):
+        """A ``tensors`` entry ``{name, when}``: ``when`` gives true or false from the
+        params and the source's placeholders (each taken as 0 here)."""
+        for fmt, section in self.spec.formats.items():
+            tensors = section.get("tensors") if isinstance(section, dict) else None
+            for source, target in (tensors.items() if isinstance(tensors, dict) else ()):
+                if not (isinstance(target, dict) and isinstance(target.get("when"), str)):
+                    continue
+                ptr = f"/formats/{pointer_escape(fmt)}/tensors/{pointer_escape(str(source))}"
+                holes = {h: 0 for h in re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", str(source))}
+                value = self.render(target["when"], {**self.env, **holes},
+                                    self.at(f"{ptr}/when"), "when")
+                if value is not None and not isinstance(value, bool):
+                    self.problem(self.at(f"{ptr}/when"), f"when {target['when']!r} gives "
+                                                         f"{value!r}; expected true or false")
 
     def hit_format_maps(self):
         """Record which ``formats.<fmt>.tensors`` targets and ``transforms`` globs name a
@@ -1115,6 +1132,8 @@ def _map_targets(target) -> list:
         return [t for t in target["split"] if isinstance(t, str) and t]
     if isinstance(target, dict) and isinstance(target.get("fallback"), str):
         return [target["fallback"]] if target["fallback"] else []
+    if isinstance(target, dict) and isinstance(target.get("name"), str):
+        return [target["name"]] if target["name"] else []
     return []
 
 

@@ -441,6 +441,12 @@ def _split_targets(source: str, target) -> list[str]:
             raise WeightsError(f"mapping {source!r}: a fallback target is one spec name, got "
                                f"{target['fallback']!r}")
         return [target["fallback"]]
+    if isinstance(target, dict) and set(target) == {"name", "when"}:
+        if not (isinstance(target["name"], str) and target["name"]
+                and isinstance(target["when"], str)):
+            raise WeightsError(f"mapping {source!r}: a conditional target is {{name: spec "
+                               f"name, when: \"{{expression}}\"}}, got {target!r}")
+        return [target["name"]]
     if not isinstance(target, dict) or set(target) - {"split", "axis", "sizes", "interleaved"} \
             or not isinstance(target.get("split"), list) or len(target["split"]) < 2 \
             or not all(isinstance(t, str) and t for t in target["split"]):
@@ -452,6 +458,24 @@ def _split_targets(source: str, target) -> list[str]:
         raise WeightsError(f"mapping {source!r}: a split's targets must use every "
                            "placeholder of the source (no stacking)")
     return list(target["split"])
+
+
+def _when_target(target: dict, m, params: dict, source: str):
+    """A ``{name, when}`` entry's spec name for the tensor that matched (``m``: its
+    placeholders' values, None for an exact name), or None when ``when`` is false
+    (the tensor is dropped, as by a ``null`` entry)."""
+    from ..spec.expr import ExprError, render
+
+    values = {} if m is None else {k: int(v) for k, v in m.groupdict().items()
+                                   if not k.startswith("_star")}
+    try:
+        keep = render(target["when"], {**params, **values})
+    except ExprError as e:
+        raise WeightsError(f"mapping {source!r}: when {target['when']!r}: {e}") from None
+    if not isinstance(keep, bool):
+        raise WeightsError(f"mapping {source!r}: when {target['when']!r} gives {keep!r}, "
+                           "expected true or false")
+    return target["name"] if keep else None
 
 
 def _split_part(value, k: int, rule: dict, params: dict):
@@ -593,11 +617,15 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
         if bare in exact:
             target = exact[bare]
             matched[name] = bare
+            if isinstance(target, dict) and "when" in target:
+                target = _when_target(target, None, params, bare)
         else:
             for rx, key, t in patterns:
                 m = rx.fullmatch(bare)
                 if m:
                     matched[name] = key
+                    if isinstance(t, dict) and "when" in t:    # a name, or dropped
+                        t = _when_target(t, m, params, key)
                     if t is None or not isinstance(t, str):
                         target = t
                         break

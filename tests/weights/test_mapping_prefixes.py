@@ -35,3 +35,27 @@ def test_a_name_an_entry_matches_as_it_is_keeps_its_prefix():
 def test_an_unknown_prefix_is_still_unexpected():
     with pytest.raises(WeightsError, match=r"unexpected 1 \(audio.post.weight\)"):
         remap(_td(["audio.post.weight"]), TENSORS, prefixes=("vision_model.",))
+
+
+def test_a_conditional_entry_maps_some_indices_and_drops_the_rest():
+    """Gemma 3n's shared layers: a checkpoint holds k projections the spec has only for
+    the first layers; {name, when} maps those and drops the others, as a null entry."""
+    import numpy as np
+
+    from maxdecl.tensors import TensorDict
+    from maxdecl.weights.mapping import remap
+
+    td = TensorDict({f"layers.{i}.k.weight": np.full(2, i, np.float32) for i in range(4)})
+    td["norm.weight"] = np.ones(2, np.float32)
+    entry = {"name": "blk.{i}.attn_k.weight", "when": "{i < first_shared}"}
+    out = remap(td, {"layers.{i}.k.weight": entry, "norm.weight": {
+        "name": "output_norm.weight", "when": "{has_norm}"}},
+        params={"first_shared": 2, "has_norm": True},
+        expected=["blk.0.attn_k.weight", "blk.1.attn_k.weight", "output_norm.weight"])
+    assert sorted(out.keys()) == ["blk.0.attn_k.weight", "blk.1.attn_k.weight",
+                                  "output_norm.weight"]
+    assert out["blk.1.attn_k.weight"][0] == 1
+    with pytest.raises(md.WeightsError, match=r"when '\{i \+ 1\}' gives 1, expected true"):
+        remap(td, {"layers.{i}.k.weight": {"name": "blk.{i}.k", "when": "{i + 1}"}})
+    with pytest.raises(md.WeightsError, match="a conditional target is"):
+        remap(td, {"layers.{i}.k.weight": {"name": "", "when": "{True}"}})
