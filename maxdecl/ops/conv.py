@@ -74,8 +74,8 @@ def window_out(size, k, stride, dilation, before, after, ceil_mode=False, what="
     """Output length of a window sweep over one dim (symbolic sizes give a symbol)."""
     eff = dilation * (k - 1) + 1
     if not isinstance(size, int):
-        if stride == 1 and before + after == eff - 1:
-            return size
+        if stride == 1:     # no rounding: the size moves by the padding less the extent
+            return _checks.add_dims(size, before + after - eff + 1)
         return f"win({size},{k},{stride},{dilation},{before},{after})"
     n = window_out_size(size, k, stride, dilation, before, after, ceil_mode)
     if n < 1:
