@@ -113,8 +113,9 @@ def rope():  # noqa: A001 - the signature comes from the definition
     keeps ``normal`` and gives the HF weights the ``permute_qk`` transform (spec.md,
     Foreign formats), as ``specs/llama3.yaml`` does. Some rotate adjacent pairs in HF
     too (Cohere's ``repeat_interleave`` / ``x[..., ::2]``, GPT-J's
-    ``rotate_every_two``, GLM-4's partial rotary): ``normal``, no ``permute_qk``. ``dim`` must be even and in
-    2..head_dim.
+    ``rotate_every_two``, the dense GLM-4's partial rotary, ``Glm4ForCausalLM``):
+    ``normal``, no ``permute_qk``; GLM-4 MoE (``Glm4MoeForCausalLM``) rotates halves,
+    ``neox``. ``dim`` must be even and in 2..head_dim.
 
     Example::
 
