@@ -141,6 +141,11 @@ def _declare_weight(g, w: PWeight, weights):
     from .tensors import QuantizedTensor
 
     bound = weights[w.name] if weights is not None and w.name in weights else None
+    if w.dtype != "float32":                 # an integer or bool weight, as stored
+        if bound is not None and getattr(bound, "dtype", None) != DType.parse(w.dtype).numpy:
+            got = bound.encoding if isinstance(bound, QuantizedTensor) else bound.dtype.name
+            raise WeightsError(f"{w.name}: {got}; the spec declares it {w.dtype}")
+        return g.weight(w.name, TensorType(DType.parse(w.dtype), w.shape), None)
     if isinstance(bound, QuantizedTensor):
         return g.weight(w.name, TensorType(DType.float32, w.shape), bound.encoding)
     if bound is not None:
@@ -163,7 +168,9 @@ def _stand_in(g, w: PWeight, wvals: dict):
 
     if w.absent.kind == "weight":
         return wvals[w.absent.target]
-    fill = np.asarray(w.absent.target, np.float32)
+    from .dtypes import DType
+
+    fill = np.asarray(w.absent.target, DType.parse(w.dtype).numpy)
     return g.constant(np.broadcast_to(fill.reshape(w.shape) if fill.ndim else fill, w.shape)
                       .copy())
 

@@ -341,3 +341,41 @@ outputs: [c]
     g = md.build(md.load_spec(path), weights=md.TensorDict())
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_array_equal(g.execute(x)[0], x[:, 2] + 1)
+
+
+def test_an_integer_weight_is_bound_as_stored(tmp_path):
+    """``dtype: int64`` on a weight (a saved index table, packed bits): no encoding, the
+    array bound as it is and read by ops that take integers."""
+    path = tmp_path / "index.yaml"
+    path.write_text("""maxdecl: 1
+name: index
+variants:
+  tiny: {n: 4}
+dims: {rows: rows}
+encodings: {default: q8_0}
+inputs:
+  x: {dtype: float32, shape: [rows, 6]}
+layers:
+  - name: pick
+    weights:
+      order: {shape: [n], dtype: int64}
+      mask: {shape: [n], dtype: bool, absent: 1}
+    layers:
+      - {op: gather, in: [x, .order], attrs: {axis: 1}, out: y}
+      - {op: select, in: [.mask, y, 0.0], out: y}
+outputs: [y]
+""")
+    assert md.validate_spec(path) == []
+    spec = md.load_spec(path)
+    td = md.TensorDict({"pick.order": np.array([5, 0, 2, 2])})
+    g = md.build(spec, weights=td)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(g.execute(x, weights=td)[0], x[:, [5, 0, 2, 2]])
+    rw = md.random_weights(spec)
+    assert rw["pick.order"].dtype == np.int64 and "pick.mask" not in rw.keys()   # a fill
+    with pytest.raises(md.WeightsError, match="pick.order: float32; the spec declares it int64"):
+        md.build(spec, weights=md.TensorDict({"pick.order": np.zeros(4, np.float32)}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("dtype: int64", "dtype: float64"))
+    problems = [p.message for p in md.validate_spec(bad)]
+    assert any("int8, uint8, int32, int64, bool" in m for m in problems), problems

@@ -44,6 +44,8 @@ class WeightDecl:
     absent_pos: Pos | None = None
     required: object = None           # raw: bool or "{expr}": absent stands in only while false
     required_pos: Pos | None = None
+    dtype: object = None              # raw: an integer or bool dtype name; None: float
+    dtype_pos: Pos | None = None
     listed: bool = True               # the shape was a list ([] is a scalar)
 
 
@@ -135,6 +137,7 @@ class PWeight:
     pos: Pos
     absent: "Ref | None" = None
     required: bool = False    # the weights must hold it even though ``absent`` is given
+    dtype: str = "float32"    # an integer or bool weight's dtype (stored as is, no encoding)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ class _Parser:
                     absent_pos=self.pos(f"{p}/absent") if "absent" in full else None,
                     required=full.get("required"),
                     required_pos=self.pos(f"{p}/required") if "required" in full else None,
+                    dtype=full.get("dtype"),
+                    dtype_pos=self.pos(f"{p}/dtype") if "dtype" in full else None,
                     listed=isinstance(shape, list) and len(shape) <= MAX_RANK))
         ins = d.get("in", ())
         ins = ins if isinstance(ins, list) else [ins] if "in" in d else []

@@ -96,6 +96,9 @@ def _unknown_beside_dims(text: str, env, dims):
     return next((n for n in names if n not in dims and n not in env), None)
 
 
+WEIGHT_DTYPES = ("int8", "uint8", "int32", "int64", "bool")
+
+
 class _ParamValues(ast.NodeTransformer):
     """Names that are not symbolic dims replaced by their (int) values in ``env``."""
 
@@ -597,7 +600,8 @@ class Expander:
         for w in decl.weights:
             full = ".".join(path + (w.local,))
             shape = self.shape(w.shape, env, w.shape_ptr or w.pos.ptr, symbolic=False)
-            enc = self.encoding_for(full, env)
+            wdtype = self.weight_dtype(w)
+            enc = self.encoding_for(full, env) if wdtype == "float32" else "f32"
             if not w.listed:
                 self.problem(w.pos, f"weight {full!r}: expected a shape list such as [dim] "
                                     f"([] for a scalar)")
@@ -621,9 +625,9 @@ class Expander:
                 continue
             absent = self.absent(w, full, shape, env)
             pw = PWeight(full, shape or (), enc or "f32", path, w.pos, absent,
-                         self.required(w, env))
+                         self.required(w, env), wdtype)
             if self.types is not None and enc is not None:
-                self.types.weight(full, shape, enc)
+                self.types.weight(full, shape, enc, wdtype)
             self.weights[full] = pw
             self.steps.append(pw)
             local[w.local] = full
@@ -639,6 +643,18 @@ class Expander:
             vid = self.lookup(name, ns, pos)
             if vid is not None:
                 self.add_output(".".join(path + (name,)), vid, pos, self.layer_outputs)
+
+    def weight_dtype(self, w) -> str:
+        """A weight's ``dtype:`` (integer or bool weights, stored as they are), else
+        float32."""
+        if w.dtype_pos is None:
+            return "float32"
+        if w.dtype not in WEIGHT_DTYPES:
+            self.problem(w.dtype_pos, f"dtype: a weight's dtype is one of "
+                                      f"{', '.join(WEIGHT_DTYPES)} (float weights take "
+                                      f"their encoding), got {w.dtype!r}")
+            return "float32"
+        return w.dtype
 
     def required(self, w, env) -> bool:
         """A weight's ``required:`` condition, evaluated (False when not given)."""

@@ -45,12 +45,14 @@ class TypeEnv:
         except GraphError:
             pass
 
-    def weight(self, name: str, shape, encoding: str) -> None:
+    def weight(self, name: str, shape, encoding: str, dtype: str = "float32") -> None:
         """A declared weight: float32 when stored as f32/f16 (f16 is cast on load),
-        else packed blocks of its encoding."""
+        else packed blocks of its encoding; an integer or bool weight its dtype."""
         if shape is None:
             return
-        if encoding in FLOAT_STORAGE:
+        if dtype != "float32":
+            self.weights[name] = TensorType(DType.parse(dtype), shape)
+        elif encoding in FLOAT_STORAGE:
             self.weights[name] = TensorType(DType.float32, shape)
         else:
             self.weights[name] = QuantizedType(encoding, tuple(shape))

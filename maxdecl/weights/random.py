@@ -47,6 +47,12 @@ def program_weights(prog, seed: int = 0) -> TensorDict:
         shape = tuple(int(d) for d in w.shape)
         if w.absent is not None and w.absent.kind == "fill" and not w.required:
             continue
+        if w.dtype != "float32":                # integer or bool weights: small values
+            from ..dtypes import DType
+
+            td[w.name] = rng.integers(0, 2 if w.dtype == "bool" else 4, shape).astype(
+                DType.parse(w.dtype).numpy)
+            continue
         if len(shape) <= 1:                 # gains (and scalars) near 1
             x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
