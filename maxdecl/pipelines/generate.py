@@ -108,12 +108,17 @@ class Session:
                                "same name to feed them")
         self._state_out = {n: out_names.index(n) for n in self._state_names}
 
+    # symbolic dims an initial state holds once (an encoder-decoder's batch of one)
+    _unit_dims: frozenset = frozenset()
+
     def initial_state(self) -> dict:
-        """Zero-length caches: each state input with its symbolic dims set to 0."""
+        """Zero-length caches: each state input with its symbolic dims set to 0 (those
+        in ``_unit_dims`` to 1)."""
         state = {}
         for v in self.graph.inputs:
             if v.name in self._state_names:
-                shape = tuple(0 if isinstance(d, str) else d for d in v.shape)
+                shape = tuple(d if isinstance(d, int) else 1 if d in self._unit_dims else 0
+                              for d in v.shape)
                 state[v.name] = np.zeros(shape, v.dtype.numpy)
         return state
 

@@ -74,6 +74,8 @@ class Seq2SeqSession(Session):
         self._types = types
         dec = types["dec_tokens"]
         self._batch_dim = dec.shape[0] if dec.rank == 2 else None    # [batch, seq]: one
+        if self._batch_dim is not None:
+            self._unit_dims = frozenset([self._batch_dim])
         src_type = types[self._source_name]
         if self._source_name == "enc_tokens":
             source = np.asarray(source_ids, np.int64).reshape(-1)
@@ -86,14 +88,6 @@ class Seq2SeqSession(Session):
             raise MaxdeclError("the source is empty (the encoder needs at least one token)")
         self._mask = {n: np.ones(source.shape, types[n].dtype.numpy)
                       for n in SOURCE_MASKS if n in names}
-
-    def initial_state(self) -> dict:
-        """Zero-length caches: each state input with its symbolic dims set to 0, the
-        batch dim (dec_tokens' first, when it has one) to 1."""
-        return {n: np.zeros(tuple(d if isinstance(d, int) else 1 if d == self._batch_dim
-                                  else 0 for d in self._types[n].shape),
-                            self._types[n].dtype.numpy)
-                for n in self._state_names}
 
     def step(self, tokens, start: int, state: dict, all_logits: bool = False):
         """Run decoder ``tokens`` at positions ``start..`` over the bound source; returns
