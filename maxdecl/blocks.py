@@ -17,6 +17,15 @@ GGML_BLOCKS: dict[str, tuple[int, int]] = {
     "q8_0": (32, 34),      # d f16 + 32 int8
     "q4_k": (256, 144),    # d, dmin f16 + 12 bytes of 6-bit scales/mins + 128 bytes of nibbles
     "q6_k": (256, 210),    # 128 bytes low nibbles + 64 bytes high bits + 16 int8 scales + d f16
+    "q4_1": (32, 20),      # d, m f16 + 16 bytes of nibbles
+    "q5_1": (32, 24),      # d, m f16 + qh u32 + 16 bytes of nibbles
+    "q2_k": (256, 84),     # 16 bytes of 4-bit scales/mins + 64 bytes of 2-bit quants + d, dmin
+    "q3_k": (256, 110),    # 32 bytes high bits + 64 bytes of 2-bit quants + 12 bytes scales + d
+    "q5_k": (256, 176),    # d, dmin + 12 bytes scales/mins + 32 bytes high bits + 128 nibbles
+    "iq4_nl": (32, 18),    # d f16 + 16 bytes of nibbles indexing a fixed non-linear grid
+    "iq4_xs": (256, 136),  # d f16 + 2 + 4 bytes of 6-bit scales + 128 bytes of grid nibbles
+    "tq1_0": (256, 54),    # 52 bytes of base-3 packed ternary digits + d f16
+    "tq2_0": (256, 66),    # 64 bytes of 2-bit ternary values + d f16
 }
 FLOAT_STORAGE: dict[str, tuple[int, int]] = {"f32": (1, 4), "f16": (1, 2)}
 

@@ -89,8 +89,8 @@ def get(name) -> QuantizationEncoding:
         return _REGISTRY[name.lower()]
     except KeyError:
         import difflib
-        close = difflib.get_close_matches(name.lower(), list(_REGISTRY), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = difflib.get_close_matches(name.lower(), list(_REGISTRY), n=3)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise QuantizationError(
             f"unknown encoding {name!r} (known: {', '.join(sorted(_REGISTRY))}){hint}") from None
 
@@ -105,3 +105,4 @@ from ._blocks import bytes_to_blocks, output_array, raise_if_flagged, rows_to_bl
 # Built-ins register themselves on import, through the same register() as users.
 from . import bf16, q4_0, q4_k, q6_k  # noqa: E402,F401
 from . import q5_0, q8_0  # noqa: E402,F401  (written against the public protocol only)
+from . import ggml_more  # noqa: E402,F401  (q4_1, q5_1, q2_k, q3_k, q5_k, iq4_*, tq*_0)

@@ -24,3 +24,12 @@ def _load_numba_numpy_support() -> None:
 
 
 _load_numba_numpy_support()
+
+
+def _stamp_kernel_cache() -> None:
+    from .cache_stamp import install
+
+    install()
+
+
+_stamp_kernel_cache()

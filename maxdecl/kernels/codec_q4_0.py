@@ -9,7 +9,7 @@ from .codec_common import c_trunc_u8, f32_to_f16_bits
 from .config import CACHE, EXACT
 
 
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy", parallel=True)
 def _q4_0_quantize(x, out, bad):
     # x: (nb, 32) f32 -> out: (nb, 18) u8, bad: (nb,) u8 (1 where a NaN/Inf was seen)
     for i in prange(x.shape[0]):

@@ -22,7 +22,7 @@ CHUNK = 64  # blocks per prange iteration (scratch buffers are allocated per chu
 _D, _DMIN, _SC, _QS = 0, 2, 4, 16
 
 
-@njit(cache=CACHE, fastmath=EXACT)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
 def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
     """GGML ``make_qkx2_quants`` (squared error): fit ``x ~ scale * L - the_min``.
 
@@ -90,7 +90,7 @@ def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
     return scale, -mn
 
 
-@njit(cache=CACHE, fastmath=EXACT)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
 def _q4_k_block(x, table, out, L, laux, w, scales, mins):
     # x: (256,) f32 -> out: (144,) u8; L, laux, w, scales, mins: scratch
     max_scale = np.float32(0.0)          # sub-block scales are >= 0 once the min is taken out
@@ -144,7 +144,7 @@ def _q4_k_block(x, table, out, L, laux, w, scales, mins):
             out[_QS + 32 * g + l] = L[64 * g + l] | (L[64 * g + 32 + l] << 4)
 
 
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy", parallel=True)
 def _q4_k_quantize(x, table, out, bad):
     # x: (nb, 256) f32 -> out: (nb, 144) u8, bad: (nb,) u8 (1 where a NaN/Inf was seen)
     nb = x.shape[0]

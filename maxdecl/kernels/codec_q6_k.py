@@ -21,7 +21,7 @@ GROUP_MAX_EPS = 1e-15  # GGML: a group whose max |x| is below this is all zero
 _QL, _QH, _SC, _D = 0, 128, 192, 208
 
 
-@njit(cache=CACHE, fastmath=EXACT)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
 def _make_qx_quants(x, off, n, nmax, L, loff):
     """GGML ``make_qx_quants`` with rmse_type 1 (weights x**2): fit ``x ~ scale * (L - nmax)``.
 
@@ -73,7 +73,7 @@ def _make_qx_quants(x, off, n, nmax, L, loff):
     return scale
 
 
-@njit(cache=CACHE, fastmath=EXACT)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
 def _q6_k_block(x, table, out, L, scales):
     # x: (256,) f32 -> out: (210,) u8 (zeroed by the caller); L (256,) u8, scales (16,) f32: scratch
     max_scale = np.float32(0.0)
@@ -109,7 +109,7 @@ def _q6_k_block(x, table, out, L, scales):
                                      | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
 
 
-@njit(cache=CACHE, fastmath=EXACT, parallel=True)
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy", parallel=True)
 def _q6_k_quantize(x, table, out, bad):
     # x: (nb, 256) f32 -> out: (nb, 210) u8 zeroed, bad: (nb,) u8 (1 where a NaN/Inf was seen)
     nb = x.shape[0]

@@ -14,6 +14,7 @@ from . import qmatmul as kq
 from .config import GEMV_MAX_ROWS
 
 _KERNELS_FOR: dict = {}   # encoding object -> whether the packed-block kernels apply
+_ROWS_FOR: dict = {}      # encoding object -> whether an exact row decoder applies
 
 
 def _block_kernels(enc) -> bool:
@@ -21,6 +22,14 @@ def _block_kernels(enc) -> bool:
     if ok is None:
         ok = _KERNELS_FOR[enc] = kq.has_kernel(str(enc.name), int(enc.block_elements),
                                                int(enc.block_bytes))
+    return ok
+
+
+def _row_decoder(enc) -> bool:
+    ok = _ROWS_FOR.get(enc)
+    if ok is None:
+        ok = _ROWS_FOR[enc] = kq.has_row_decoder(str(enc.name), int(enc.block_elements),
+                                                 int(enc.block_bytes))
     return ok
 
 
@@ -45,7 +54,7 @@ def qmatmul(x, qt):
     if x2.shape[0] == 0 or n == 0:
         return np.zeros((*lead, n), np.float32)
     w = np.ascontiguousarray(qt.data)
-    if _block_kernels(enc):
+    if _block_kernels(enc) or _row_decoder(enc):
         out = kq.qmatmul_blocks(x2, w, qt.encoding)
     else:
         def decode(r0, r1, tile):

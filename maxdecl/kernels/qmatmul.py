@@ -11,6 +11,9 @@ Two paths, chosen by the number of activation rows M:
   the rows equal ``dequantize`` bit for bit) and multiplies them against x, packed
   once into transposed panels, with an outer-product micro-kernel in LLVM vector IR
   (8 x 32 with 16 lanes on AVX-512, 4 x 16 with 8 lanes otherwise).
+* Encodings with an exact row decoder but no GEMV kernel (``block_rows.ROW_LAYOUTS``:
+  q4_1, q5_1, q2_k, q3_k, q5_k, iq4_nl, iq4_xs, tq1_0, tq2_0) take the GEMM for
+  prefill and ``tiled_matmul`` for up to ``GEMV_MAX_ROWS`` rows.
 * Encodings without kernels go through ``tiled_matmul``: their own
   ``dequantize`` on a tile of rows (about ``TILE_BYTES``), then BLAS.
 
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .block_rows import KINDS, LAYOUTS, _decode_row, dequantize_rows  # noqa: F401  (re-exported)
+from .block_rows import (KINDS, LAYOUTS, ROW_LAYOUTS, _decode_row, _deq_tile,  # noqa: F401
+                         dequantize_rows)
 from .config import GEMV_MAX_ROWS
 from .gemm import gemm
 from .gemv import gemv
@@ -41,6 +45,11 @@ def has_kernel(encoding: str, block_elements: int, block_bytes: int) -> bool:
     return LAYOUTS.get(encoding) == (block_elements, block_bytes)
 
 
+def has_row_decoder(encoding: str, block_elements: int, block_bytes: int) -> bool:
+    """True if ``encoding`` has an exact numba row decoder (GEMM, tiled GEMV)."""
+    return ROW_LAYOUTS.get(encoding) == (block_elements, block_bytes)
+
+
 def tile_rows(k: int) -> int:
     """Weight rows per decoded tile in the fallback path (about TILE_BYTES)."""
     return max(8, TILE_BYTES // (4 * max(k, 1)))
@@ -54,6 +63,17 @@ def tiled_matmul(x2: np.ndarray, n: int, decode_tile) -> np.ndarray:
     m, k = x2.shape
     rows = min(n, tile_rows(k))
     buf = np.empty((rows, k), np.float32)
+    if m <= GEMV_MAX_ROWS:
+        # each row of x its own matrix-vector product: a row's result does not depend on
+        # how many rows run with it (BLAS picks other kernels for other widths)
+        out = np.empty((m, n), np.float32)
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            tile = buf[: r1 - r0]
+            decode_tile(r0, r1, tile)
+            for i in range(m):
+                np.matmul(tile, x2[i], out=out[i, r0:r1])
+        return out
     out_t = np.empty((n, m), np.float32)             # W_tile @ x2.T lands in contiguous rows
     xt = x2.T
     for r0 in range(0, n, rows):
@@ -65,13 +85,13 @@ def tiled_matmul(x2: np.ndarray, n: int, decode_tile) -> np.ndarray:
 
 
 def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
-    """``x2 @ dequantize(w).T`` for an encoding in ``LAYOUTS``.
+    """``x2 @ dequantize(w).T`` for an encoding in ``ROW_LAYOUTS``.
 
     x2: (M, K) f32 contiguous, w: (N, K // be * bb) u8 contiguous -> (M, N) f32.
     """
-    if encoding not in LAYOUTS:
+    if encoding not in ROW_LAYOUTS:
         raise ValueError(f"qmatmul: no kernel for encoding {encoding!r}")
-    be, bb = LAYOUTS[encoding]
+    be, bb = ROW_LAYOUTS[encoding]
     if x2.ndim != 2 or w.ndim != 2 or w.dtype != np.uint8:
         raise ValueError(f"qmatmul: x must be [M, K] and w [N, bytes] uint8, got "
                          f"{list(x2.shape)} and {list(w.shape)} {w.dtype}")
@@ -82,6 +102,9 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
     n = w.shape[0]
     out = np.empty((x2.shape[0], n), np.float32)
     if x2.shape[0] <= GEMV_MAX_ROWS:                # decode, batched decode, lookup verify
+        if encoding not in LAYOUTS:                 # a row decoder only
+            kind = KINDS[encoding]
+            return tiled_matmul(x2, n, lambda r0, r1, tile: _deq_tile(kind, w, r0, r1, tile))
         gemv(x2, w.view(np.uint16) if encoding == "bf16" else w, encoding, out)
         return out
     gemm(KINDS[encoding], x2, w, out)

@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from ..blocks import GGML_BLOCKS
 from ..errors import WeightsError
 from ..tensors import QuantizedTensor
 from .strings import StringArray
@@ -46,8 +47,9 @@ _NUMPY = {np.dtype(k): v for k, v in (
     ("<u4", V.UINT32), ("<i4", V.INT32), ("<u8", V.UINT64), ("<i8", V.INT64),
     ("<f4", V.FLOAT32), ("<f8", V.FLOAT64), ("?", V.BOOL))}
 # llama.cpp's llama_ftype for a file whose matrices are all of one type.
-LLAMA_FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8, "q6_k": 18,
-                    "q4_k": 15, "bf16": 32}
+LLAMA_FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8,
+                    "q5_1": 9, "q2_k": 10, "q3_k": 12, "q4_k": 15, "q5_k": 17, "q6_k": 18,
+                    "iq4_nl": 25, "iq4_xs": 30, "bf16": 32, "tq1_0": 36, "tq2_0": 37}
 
 
 def value_type(key: str, value) -> tuple:
@@ -123,8 +125,8 @@ def ggml_type(value) -> tuple:
             gtype = GGMLQuantizationType[name]
         except KeyError:
             raise WeightsError(f"encoding {value.encoding!r} has no GGML type; re-encode it "
-                               "(maxdecl quantize) to one of q4_0, q5_0, q8_0, q4_k, q6_k, "
-                               "bf16") from None
+                               "(maxdecl quantize) to a GGML one: "
+                               + ", ".join(sorted(GGML_BLOCKS))) from None
         data = np.ascontiguousarray(value.data)
         block_elements, block_bytes = GGML_QUANT_SIZES[gtype]
         want = int(np.prod(value.shape)) // block_elements * block_bytes

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 # fp16 scale fields (byte offsets) of each block encoding
-FP16_FIELDS = {"q4_0": (0,), "q5_0": (0,), "q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
+FP16_FIELDS = {"q4_0": (0,), "q5_0": (0,), "q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,),
+               "q4_1": (0, 2), "q5_1": (0, 2), "q2_k": (80, 82), "q3_k": (108,),
+               "q5_k": (0, 2), "iq4_nl": (0,), "iq4_xs": (0,), "tq1_0": (52,), "tq2_0": (64,)}
 
 
 def _finite_nonzero_fp16(rng, n):

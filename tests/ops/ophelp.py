@@ -36,6 +36,11 @@ def close(a, b, atol=1e-5, rtol=1e-5, label=""):
                               f"{tuple(bad[0])}: {a[tuple(bad[0])]} vs {b[tuple(bad[0])]}")
 
 
+# byte offsets of the fp16 scales of the encodings gguf-py cannot quantize
+FP16_SCALES = {"q4_k": (0, 2), "q6_k": (208,), "q2_k": (80, 82), "q3_k": (108,),
+               "q5_k": (0, 2), "iq4_nl": (0,), "iq4_xs": (0,)}
+
+
 def packed_blocks(enc, n, k, rng):
     """GGML bytes (n, k // be * bb) for ``enc``: gguf-py's quantizer, or random K-quant
     blocks with sane fp16 scales (gguf-py has no K-quant quantizer)."""
@@ -45,14 +50,12 @@ def packed_blocks(enc, n, k, rng):
     from maxdecl.blocks import block_size
 
     be, bb = block_size(enc)
-    if enc in ("q4_k", "q6_k"):
+    if enc in FP16_SCALES:
         nb = k // be
         raw = rng.integers(0, 256, (n, nb, bb), dtype=np.uint8)
-        scales = (rng.standard_normal((n, nb, 2)) * 0.02).astype(np.float16).view(np.uint8)
-        if enc == "q4_k":
-            raw[..., 0:4] = scales                    # d, dmin
-        else:
-            raw[..., 208:210] = scales[..., 0:2]      # d
+        for at in FP16_SCALES[enc]:
+            raw[..., at:at + 2] = ((rng.standard_normal((n, nb, 1)) * 0.02)
+                                   .astype(np.float16).view(np.uint8))
         return raw.reshape(n, nb * bb)
     w = rng.standard_normal((n, k)).astype(np.float32)
     return gq.quantize(w, getattr(GT, enc.upper()))

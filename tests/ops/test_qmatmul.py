@@ -16,8 +16,12 @@ from ophelp import packed_blocks
 
 F32 = md.DType.float32
 FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16"]
+ROWS_ONLY = ["q4_1", "q5_1", "q2_k", "q3_k", "q5_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0"]
 BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
-         "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2)}
+         "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2),
+         "q4_1": (32, 20), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
+         "q5_k": (256, 176), "iq4_nl": (32, 18), "iq4_xs": (256, 136), "tq1_0": (256, 54),
+         "tq2_0": (256, 66)}
 TOL = 2e-6  # |out - ref| <= TOL * (|x| @ |W|.T): float32 rounding, far below one quant step
 
 
@@ -36,7 +40,7 @@ def _run(x, qt):
 
 
 @pytest.mark.parametrize("m", [1, 3, 17])
-@pytest.mark.parametrize("enc", FAST)
+@pytest.mark.parametrize("enc", FAST + ROWS_ONLY)
 def test_matches_gguf_reference(enc, m):
     rng = np.random.default_rng(zlib.crc32(f"{enc}/{m}".encode()))
     be = BLOCK[enc][0]
@@ -53,7 +57,7 @@ def test_matches_gguf_reference(enc, m):
     assert bound <= TOL, f"{enc} M={m}: error {bound:.2e} of |x||W| (max rel {rel:.2e})"
 
 
-@pytest.mark.parametrize("enc", FAST)
+@pytest.mark.parametrize("enc", FAST + ROWS_ONLY)
 def test_many_tiles_and_leading_dims(enc, monkeypatch):
     from maxdecl.kernels import qmatmul as kq
 
@@ -485,3 +489,21 @@ def test_gemv_prefetch_locality_follows_the_cpu(monkeypatch, cpu, locality):
 
     monkeypatch.setattr(config, "CPU_NAME", cpu)
     assert gemv.prefetch_locality() == locality
+
+
+@pytest.mark.parametrize("enc", ROWS_ONLY)
+def test_row_decoder_encodings_give_each_row_its_solo_bits(enc):
+    """The encodings with a row decoder and no GEMV kernel (tiled decode, then one
+    matrix-vector product per row of x): every row of a 2-8 row call equals that row
+    run alone, bit for bit, so a sequence decoded in a batch gets its solo logits."""
+    from maxdecl.kernels import qmatmul as kq
+
+    rng = np.random.default_rng(zlib.crc32(f"solo/{enc}".encode()))
+    k = BLOCK[enc][0] * (3 if BLOCK[enc][0] == 256 else 12)
+    data = packed_blocks(enc, 37, k, rng)
+    x = rng.standard_normal((8, k)).astype(np.float32)
+    for m in (2, 5, 8):
+        many = kq.qmatmul_blocks(x[:m], data, enc)
+        for i in range(m):
+            one = kq.qmatmul_blocks(x[i:i + 1].copy(), data, enc)
+            assert one.tobytes() == many[i:i + 1].tobytes(), (enc, m, i)

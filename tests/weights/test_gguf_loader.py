@@ -55,6 +55,9 @@ def small(tmp_path):
         # gguf-py cannot quantize k-quants; any bytes are valid blocks for loading
         "q4_k": (random_blocks(rng, T.Q4_K, (2, 3)), T.Q4_K),
         "q6_k": (random_blocks(rng, T.Q6_K, (5, 1)), T.Q6_K),
+        **{t.name.lower(): (random_blocks(rng, t, (3, 2)), t)
+           for t in (T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_NL, T.IQ4_XS, T.TQ1_0,
+                     T.TQ2_0)},
         "blk.0.attn_q.weight": (random_blocks(rng, T.Q4_K, (4, 2, 1)), T.Q4_K),
     }
     meta = {"llama.embedding_length": 64, "llama.rope.freq_base": 10000.0,
@@ -111,7 +114,8 @@ def test_matches_gguf_reader(small):
 def test_dequantize_matches_gguf_py(small):
     path, _ = small
     td = load_gguf(path)
-    for name in ("bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q6_k"):
+    for name in ("bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q4_1", "q5_1", "q2_k", "q3_k",
+                 "q5_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0"):
         q = td[name]
         if q.encoding not in md.codecs.names():
             pytest.skip(f"codec {q.encoding} not available yet")
@@ -136,10 +140,11 @@ def test_metadata(small):
 
 def test_unsupported_type_names_tensor_and_type(tmp_path):
     rng = np.random.default_rng(0)
-    path = write_gguf(tmp_path / "q2.gguf",
+    path = write_gguf(tmp_path / "iq2.gguf",
                       {"ok": (np.ones(4, np.float32), None),
-                       "blk.3.ffn_up.weight": (random_blocks(rng, T.Q2_K, (2, 1)), T.Q2_K)})
-    with pytest.raises(WeightsError, match=r"'blk\.3\.ffn_up\.weight'.*Q2_K"):
+                       "blk.3.ffn_up.weight": (random_blocks(rng, T.IQ2_XXS, (2, 1)),
+                                               T.IQ2_XXS)})
+    with pytest.raises(WeightsError, match=r"'blk\.3\.ffn_up\.weight'.*IQ2_XXS"):
         load_gguf(path)
     # metadata alone still reads
     assert read_gguf_metadata(path)["general.architecture"] == "llama"
