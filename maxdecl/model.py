@@ -53,7 +53,7 @@ class Model:
         self.compiled = compile_graph(graph, weights)
         self._run = self.compiled
         names = [v.name for v in graph.inputs]
-        lm = is_language_model(names, graph.output_names)
+        lm = is_language_model(names, graph.output_names) and _one_sequence_of_tokens(graph)
         self.session = Session(graph, self._run) if lm else None     # encoders: model(*inputs)
         self.encoder_decoder = not lm and is_encoder_decoder(names, graph.output_names)
         vocab = self.params.get("vocab")
@@ -82,7 +82,8 @@ class Model:
                              f"are for decoder-only language models")
         if self.session is None:
             raise InputError(f"{self.spec.file}: not a language model (it needs graph inputs "
-                             f"'tokens' and 'positions' and an output 'logits', or, for an "
+                             f"'tokens' ([seq] or [batch, seq]) and 'positions' and an output "
+                             f"'logits', or, for an "
                              f"encoder-decoder, a source 'enc_tokens' (or one other 'enc_*') "
                              f"and 'dec_tokens'; every other input a state; inputs are "
                              f"{self.input_names}, outputs {self.output_names}): run it with "
@@ -281,6 +282,14 @@ def _batch_outputs(model, requests, on_text, lookup):
         out.drafted, out.accepted = req.drafted, req.accepted
         outs.append(out)
     return outs
+
+
+def _one_sequence_of_tokens(graph) -> bool:
+    """Whether the ``tokens`` input holds one sequence a step: ``[seq]``, or
+    ``[batch, seq]`` with a plain batch dim (``[codebooks*batch, seq]`` is not)."""
+    shape = next(v.type.shape for v in graph.inputs if v.name == "tokens")
+    return len(shape) == 1 or (len(shape) == 2 and (
+        shape[0] == 1 or (isinstance(shape[0], str) and shape[0].isidentifier())))
 
 
 def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) -> Model:

@@ -204,7 +204,10 @@ def slice():  # noqa: A001 - the signature comes from the definition
     """``x[starts:ends:steps]`` on ``axes`` (default: the first ``len(starts)`` axes).
 
     Python slice semantics: negative indices count from the end, out-of-range
-    bounds clamp, ``None`` means "to the edge".
+    bounds clamp, ``None`` means "to the edge". A negative step walks backwards:
+    ``starts: [-1], ends: [null], steps: [-1]`` reverses an axis (its length stays
+    the input's when the bounds are whole; other bounds on a symbolic axis give a
+    length the checker does not know).
     """
 
 
