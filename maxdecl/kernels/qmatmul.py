@@ -13,7 +13,8 @@ Two paths, chosen by the number of activation rows M:
   (8 x 32 with 16 lanes on AVX-512, 4 x 16 with 8 lanes otherwise).
 * Encodings with an exact row decoder but no GEMV kernel (``block_rows.ROW_LAYOUTS``:
   q4_1, q5_1, q2_k, q3_k, q5_k, iq4_nl, iq4_xs, tq1_0, tq2_0) take the GEMM for
-  prefill and ``tiled_matmul`` for up to ``GEMV_MAX_ROWS`` rows.
+  prefill and ``rows_gemv`` (a row decoded into L1, then its dot with each row of x)
+  for up to ``GEMV_MAX_ROWS`` rows.
 * Encodings without kernels go through ``tiled_matmul``: their own
   ``dequantize`` on a tile of rows (about ``TILE_BYTES``), then BLAS.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .block_rows import (KINDS, LAYOUTS, ROW_LAYOUTS, _decode_row, _deq_tile,  # noqa: F401
+from .block_rows import (KINDS, LAYOUTS, ROW_LAYOUTS, _decode_row,  # noqa: F401 (re-exported)
                          dequantize_rows)
 from .config import GEMV_MAX_ROWS
 from .gemm import gemm
@@ -103,8 +104,10 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
     out = np.empty((x2.shape[0], n), np.float32)
     if x2.shape[0] <= GEMV_MAX_ROWS:                # decode, batched decode, lookup verify
         if encoding not in LAYOUTS:                 # a row decoder only
-            kind = KINDS[encoding]
-            return tiled_matmul(x2, n, lambda r0, r1, tile: _deq_tile(kind, w, r0, r1, tile))
+            from .rows_gemv import rows_gemv
+
+            rows_gemv(x2, w, encoding, out)
+            return out
         gemv(x2, w.view(np.uint16) if encoding == "bf16" else w, encoding, out)
         return out
     gemm(KINDS[encoding], x2, w, out)
