@@ -22,81 +22,13 @@ import numpy as np
 from numba import njit, prange
 
 from .codec_common import all_finite, f32_to_f16_bits, nearest_int
+from .codec_q4_k import _make_qkx2_quants
 from .config import CACHE, EXACT
 
 QK_K = 256
 CHUNK = 64  # blocks per prange iteration (scratch buffers are allocated per chunk)
 
 _SC, _QS, _D, _DMIN = 0, 16, 80, 82
-
-
-@njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
-def _make_qkx2_quants_mad(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
-    """GGML ``make_qkx2_quants`` with ``use_mad``: fit ``x ~ scale * L - the_min``.
-
-    Same sweep as the squared-error version in ``codec_q4_k``, but each candidate
-    is scored by ``sum w * |error|``. Returns ``(scale, the_min)``; writes the
-    chosen quants into ``L[loff:loff+n]``.
-    """
-    mn = x[off]
-    mx = x[off]
-    sum_w = w[0]
-    sum_x = sum_w * x[off]
-    for i in range(1, n):
-        v = x[off + i]
-        if v < mn:
-            mn = v
-        if v > mx:
-            mx = v
-        sum_w += w[i]
-        sum_x += w[i] * v
-    if mn > np.float32(0.0):
-        mn = np.float32(0.0)
-    if mx == mn:
-        for i in range(n):
-            L[loff + i] = 0
-        return np.float32(0.0), -mn
-    fnmax = np.float32(nmax)
-    iscale = fnmax / (mx - mn)
-    scale = np.float32(1.0) / iscale
-    best_error = np.float32(0.0)
-    for i in range(n):
-        v = x[off + i]
-        l = max(0, min(nmax, nearest_int(iscale * (v - mn))))
-        L[loff + i] = l
-        diff = scale * np.float32(l) + mn - v
-        best_error += w[i] * abs(diff)
-    for step in range(nstep + 1):
-        iscale = (rmin + rdelta * np.float32(step) + fnmax) / (mx - mn)
-        sum_l = np.float32(0.0)
-        sum_l2 = np.float32(0.0)
-        sum_xl = np.float32(0.0)
-        for i in range(n):
-            v = x[off + i]
-            l = max(0, min(nmax, nearest_int(iscale * (v - mn))))
-            laux[i] = l
-            fl = np.float32(l)
-            sum_l += w[i] * fl
-            sum_l2 += w[i] * fl * fl
-            sum_xl += w[i] * fl * v
-        D = sum_w * sum_l2 - sum_l * sum_l
-        if D > np.float32(0.0):
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
-            if this_min > np.float32(0.0):
-                this_min = np.float32(0.0)
-                this_scale = sum_xl / sum_l2
-            cur_error = np.float32(0.0)
-            for i in range(n):
-                diff = this_scale * np.float32(laux[i]) + this_min - x[off + i]
-                cur_error += w[i] * abs(diff)
-            if cur_error < best_error:
-                for i in range(n):
-                    L[loff + i] = laux[i]
-                best_error = cur_error
-                scale = this_scale
-                mn = this_min
-    return scale, -mn
 
 
 @njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
@@ -108,8 +40,8 @@ def _q2_k_block(x, table, out, L, laux, w, scales, mins):
     for j in range(16):
         for l in range(16):
             w[l] = abs(x[16 * j + l])
-        s, m = _make_qkx2_quants_mad(x, 16 * j, 16, 3, w, L, 16 * j, laux,
-                                     np.float32(-0.5), np.float32(0.1), 15)
+        s, m = _make_qkx2_quants(x, 16 * j, 16, 3, w, L, 16 * j, laux,
+                                 np.float32(-0.5), np.float32(0.1), 15, True)
         scales[j] = s
         mins[j] = m
         if s > max_scale:

@@ -23,8 +23,9 @@ _D, _DMIN, _SC, _QS = 0, 2, 4, 16
 
 
 @njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
-def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
-    """GGML ``make_qkx2_quants`` (squared error): fit ``x ~ scale * L - the_min``.
+def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep, use_mad=False):
+    """GGML ``make_qkx2_quants``: fit ``x ~ scale * L - the_min``, each candidate scored
+    by ``sum w * error^2`` (or ``sum w * |error|`` with ``use_mad``, as q2_k does).
 
     Returns ``(scale, the_min)``; writes the chosen quants into ``L[loff:loff+n]``.
     """
@@ -56,7 +57,7 @@ def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
         l = max(0, min(nmax, nearest_int(iscale * (v - mn))))
         L[loff + i] = l
         diff = scale * np.float32(l) + mn - v
-        best_error += w[i] * (diff * diff)
+        best_error += w[i] * (abs(diff) if use_mad else diff * diff)
     for step in range(nstep + 1):
         iscale = (rmin + rdelta * np.float32(step) + fnmax) / (mx - mn)
         sum_l = np.float32(0.0)
@@ -80,7 +81,7 @@ def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
             cur_error = np.float32(0.0)
             for i in range(n):
                 diff = this_scale * np.float32(laux[i]) + this_min - x[off + i]
-                cur_error += w[i] * (diff * diff)
+                cur_error += w[i] * (abs(diff) if use_mad else diff * diff)
             if cur_error < best_error:
                 for i in range(n):
                     L[loff + i] = laux[i]
@@ -91,8 +92,11 @@ def _make_qkx2_quants(x, off, n, nmax, w, L, loff, laux, rmin, rdelta, nstep):
 
 
 @njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
-def _q4_k_block(x, table, out, L, laux, w, scales, mins):
-    # x: (256,) f32 -> out: (144,) u8; L, laux, w, scales, mins: scratch
+def _scales_mins_quants(x, table, out, L, laux, w, scales, mins, nmax, rmin, nstep):
+    # The part q4_k and q5_k share (their first 16 bytes are laid out alike): per 32-float
+    # sub-block a make_qkx2_quants fit, the 6-bit scales and mins packed into out[4:16],
+    # d and dmin into out[0:4], then every quant (0..nmax) into L against the rounded
+    # scales. x: (256,) f32; L, laux, w, scales, mins: scratch
     max_scale = np.float32(0.0)          # sub-block scales are >= 0 once the min is taken out
     max_min = np.float32(0.0)
     for j in range(8):
@@ -102,8 +106,8 @@ def _q4_k_block(x, table, out, L, laux, w, scales, mins):
         av_x = np.sqrt(sum_x2 / np.float32(32.0))
         for l in range(32):
             w[l] = av_x + abs(x[32 * j + l])
-        s, m = _make_qkx2_quants(x, 32 * j, 32, 15, w, L, 32 * j, laux,
-                                 np.float32(-1.0), np.float32(0.1), 20)
+        s, m = _make_qkx2_quants(x, 32 * j, 32, nmax, w, L, 32 * j, laux,
+                                 rmin, np.float32(0.1), nstep)
         scales[j] = s
         mins[j] = m
         if s > max_scale:
@@ -138,7 +142,13 @@ def _q4_k_block(x, table, out, L, laux, w, scales, mins):
             continue                     # keep the sub-block quants make_qkx2 chose
         dm = fm * np.float32(m)
         for ii in range(32):
-            L[32 * j + ii] = max(0, min(15, nearest_int((x[32 * j + ii] + dm) / d)))
+            L[32 * j + ii] = max(0, min(nmax, nearest_int((x[32 * j + ii] + dm) / d)))
+
+
+@njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
+def _q4_k_block(x, table, out, L, laux, w, scales, mins):
+    # x: (256,) f32 -> out: (144,) u8; L, laux, w, scales, mins: scratch
+    _scales_mins_quants(x, table, out, L, laux, w, scales, mins, 15, np.float32(-1.0), 20)
     for g in range(4):
         for l in range(32):
             out[_QS + 32 * g + l] = L[64 * g + l] | (L[64 * g + 32 + l] << 4)

@@ -22,66 +22,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .block_rows import _q4k_scale_min
-from .codec_common import all_finite, f32_to_f16_bits, nearest_int
-from .codec_q4_k import _make_qkx2_quants
+from .codec_common import all_finite
+from .codec_q4_k import _scales_mins_quants
 from .config import CACHE, EXACT
 
 QK_K = 256
 CHUNK = 64  # blocks per prange iteration (scratch buffers are allocated per chunk)
 
-_D, _DMIN, _SC, _QH, _QS = 0, 2, 4, 16, 48
+_QH, _QS = 16, 48   # after q4_k's header: d @0, dmin @2, scales @4
 
 
 @njit(cache=CACHE, fastmath=EXACT, error_model="numpy")
 def _q5_k_block(x, table, out, L, laux, w, scales, mins):
     # x: (256,) f32 -> out: (176,) u8 (zeroed); L, laux, w, scales, mins: scratch
-    max_scale = np.float32(0.0)
-    max_min = np.float32(0.0)
-    for j in range(8):
-        sum_x2 = np.float32(0.0)
-        for l in range(32):
-            sum_x2 += x[32 * j + l] * x[32 * j + l]
-        av_x = np.sqrt(sum_x2 / np.float32(32.0))
-        for l in range(32):
-            w[l] = av_x + abs(x[32 * j + l])
-        s, m = _make_qkx2_quants(x, 32 * j, 32, 31, w, L, 32 * j, laux,
-                                 np.float32(-0.5), np.float32(0.1), 15)
-        scales[j] = s
-        mins[j] = m
-        if s > max_scale:
-            max_scale = s
-        if m > max_min:
-            max_min = m
-    inv_scale = np.float32(63.0) / max_scale if max_scale > np.float32(0.0) else np.float32(0.0)
-    inv_min = np.float32(63.0) / max_min if max_min > np.float32(0.0) else np.float32(0.0)
-    for j in range(8):
-        # the reference keeps the low byte of nearest_int() before clamping to 63
-        ls = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)
-        lm = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
-        if j < 4:
-            out[_SC + j] = ls
-            out[_SC + j + 4] = lm
-        else:
-            out[_SC + j + 4] = (ls & 0x0F) | ((lm & 0x0F) << 4)
-            out[_SC + j - 4] |= np.uint8((ls >> 4) << 6)
-            out[_SC + j] |= np.uint8((lm >> 4) << 6)
-    hd = f32_to_f16_bits(max_scale / np.float32(63.0))
-    hm = f32_to_f16_bits(max_min / np.float32(63.0))
-    out[_D] = hd & 0xFF
-    out[_D + 1] = hd >> 8
-    out[_DMIN] = hm & 0xFF
-    out[_DMIN + 1] = hm >> 8
-    fd = table[hd]
-    fm = table[hm]
-    for j in range(8):
-        sc, m = _q4k_scale_min(out, _SC, j)
-        d = fd * np.float32(sc)
-        if d == np.float32(0.0):
-            continue                     # keep the sub-block quants the search chose
-        dm = fm * np.float32(m)
-        for ii in range(32):
-            L[32 * j + ii] = max(0, min(31, nearest_int((x[32 * j + ii] + dm) / d)))
+    _scales_mins_quants(x, table, out, L, laux, w, scales, mins, 31, np.float32(-0.5), 15)
     for c in range(4):
         for l in range(32):
             l1 = L[64 * c + l]
