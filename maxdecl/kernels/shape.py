@@ -177,6 +177,7 @@ RUN = {
     "reshape": _reshape_run,
     "transpose": lambda args, attrs: [np.ascontiguousarray(np.transpose(args[0], attrs["perm"]))],
     "concat": lambda args, attrs: [np.concatenate(args, axis=attrs["axis"])],
+    "stack": lambda args, attrs: [np.stack(args, axis=attrs["axis"])],
     "split": _split_run,
     "slice": _slice_run,
     "gather": _gather_run,

@@ -15,7 +15,7 @@ from ..dtypes import DType, TensorType, format_shape
 from . import _checks
 from ._registry import REQUIRED, define, public
 
-__all__ = ["reshape", "transpose", "concat", "split", "slice", "gather", "tile", "select",
+__all__ = ["reshape", "transpose", "concat", "stack", "split", "slice", "gather", "tile", "select",
            "expand_as", "unflatten", "roll", "take_along_axis", "arange_like", "pad",
            "squeeze", "unsqueeze", "identity", "repeat_interleave", "unfold", "full_like",
            "pad_to_multiple", "axis_size", "check", "flatten", "scatter"]
@@ -113,6 +113,23 @@ def _concat_rule(inputs, attrs):
     return [TensorType(dtype, tuple(out))]
 
 
+def _stack_rule(inputs, attrs):
+    if not inputs:
+        raise ValueError("stack needs at least one value")
+    _checks.not_quantized(*inputs)
+    dtype = _checks.same_dtype(*inputs)
+    rank = inputs[0].rank
+    first = inputs[0].shape
+    for v in inputs[1:]:
+        if v.rank != rank or any(not _checks.dims_equal(a, b) for a, b in zip(v.shape, first)):
+            raise ValueError("the values differ in shape: "
+                             + ", ".join(str(v.type) for v in inputs))
+    axis = _checks.valid_axis(attrs["axis"], rank + 1)
+    shape = tuple(next((d for d in col if isinstance(d, int)), col[0])
+                  for col in zip(*(v.shape for v in inputs)))
+    return [TensorType(dtype, shape[:axis] + (len(inputs),) + shape[axis:])]
+
+
 def _split_rule(inputs, attrs):
     (x,) = inputs
     _checks.not_quantized(x)
@@ -130,6 +147,9 @@ def _split_rule(inputs, attrs):
 define("concat", rule=_concat_rule, run="shape", inputs=("values",), variadic=True,
        attrs={"axis": 0}, kind="shape", doc="join along axis",
        rule_doc="one dtype and rank; dims other than axis equal; axis dims add")
+define("stack", rule=_stack_rule, run="shape", inputs=("values",), variadic=True,
+       attrs={"axis": 0}, kind="shape", doc="join along a new axis (torch.stack)",
+       rule_doc="one dtype and shape; axis in [-(rank+1), rank]")
 define("split", rule=_split_rule, run="shape", attrs={"sizes": REQUIRED, "axis": 0},
        outputs=lambda n, attrs: len(attrs["sizes"]), outputs_doc="one per entry of `sizes`",
        kind="shape",
@@ -141,6 +161,12 @@ define("split", rule=_split_rule, run="shape", attrs={"sizes": REQUIRED, "axis":
 @public
 def concat():  # noqa: A001 - the signature comes from the definition
     """Join ``values`` (same dtype, same dims except ``axis``) along ``axis``."""
+
+
+@public
+def stack():
+    """Join ``values`` (one dtype and shape) along a new axis ``axis`` (``torch.stack``):
+    the result has ``len(values)`` at ``axis``; ``axis: -1`` puts it last."""
 
 
 @public

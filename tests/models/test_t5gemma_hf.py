@@ -220,3 +220,17 @@ def test_t5gemma_base_model_checkpoint_matches_hf(t5gemma, tmp_path):
     assert rel_err(got["encoder_last_hidden_state"],
                    out.encoder_last_hidden_state.numpy()) <= TOL
     assert rel_err(got["last_hidden_state"], out.last_hidden_state.numpy()) <= TOL
+
+
+def test_t5gemma_refuses_scaled_rope(t5gemma, tmp_path):
+    """A checkpoint with a RoPE scaling other than the default is refused by name."""
+    import json
+    import shutil
+
+    path = shutil.copytree(t5gemma[1], tmp_path / "linear_rope")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["decoder"]["rope_parameters"] = {"rope_type": "linear", "rope_theta": 1000.0,
+                                         "factor": 2.0}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(md.WeightsError, match="RoPE scaling default / linear"):
+        md.load_model(spec_path("t5gemma"), path, variant="tiny")

@@ -27,6 +27,25 @@ def test_concat_symbolic_dims_and_errors():
         md.ops.split(g.inputs[0], [2, 3], axis=1)
 
 
+@pytest.mark.parametrize("axis", [0, 1, 3, -1, -4])
+def test_stack_is_torch_stack(rng, axis):
+    a, b, c = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3))
+    out = run_op(lambda x, y, z: md.ops.stack([x, y, z], axis=axis), a, b, c)
+    want = torch.stack([torch.from_numpy(v) for v in (a, b, c)], axis)
+    assert out.shape == tuple(want.shape)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_stack_symbolic_dims_and_errors():
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 4)), md.TensorType("float32", ("seq", 4)),
+                       md.TensorType("float32", ("seq", 5))])
+    assert md.ops.stack(g.inputs[:2], axis=-1).shape == ("seq", 4, 2)
+    with pytest.raises(md.GraphError, match="differ in shape"):
+        md.ops.stack([g.inputs[0], g.inputs[2]])
+    with pytest.raises(md.GraphError, match="out of range"):
+        md.ops.stack(g.inputs[:2], axis=3)
+
+
 @pytest.mark.parametrize("starts,ends,axes,steps", [
     ([1], [3], None, None), ([-3, 0], [None, 100], [2, 0], [1, 2]), ([4], [0], [1], [-2]),
     ([0], [2**62], [1], None)])
