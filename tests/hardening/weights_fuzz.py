@@ -41,6 +41,10 @@ def gguf_seed(path, rng: random.Random):
     x = nr.standard_normal((2, 32)).astype(np.float32)
     w.add_tensor("q8", gguf.quants.quantize(x, T.Q8_0), raw_dtype=T.Q8_0)
     w.add_tensor("q4k", nr.integers(0, 255, (1, 144), dtype=np.uint8), raw_dtype=T.Q4_K)
+    other = rng.choice([T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_NL, T.IQ4_XS, T.TQ1_0,
+                        T.TQ2_0])
+    w.add_tensor("other", nr.integers(0, 255, (2, gguf.GGML_QUANT_SIZES[other][1]),
+                                      dtype=np.uint8), raw_dtype=other)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

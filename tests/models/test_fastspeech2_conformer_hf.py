@@ -188,8 +188,8 @@ def test_fastspeech2_prenorm_concat_reduction_speed_match_hf(fs2_prenorm, batch)
 
 
 def test_fastspeech2_relative_positions_matter(fs2):
-    """Negative control: with pos_bias_v and linear_pos zeroed in our weights only, the
-    spectrogram is far off (the relative-position term is really computed)."""
+    """Negative control: with linear_pos zeroed in our weights only, the encoder output is
+    far off (the relative-position term is really computed)."""
     _, path, _, refs, _ = fs2
     td = md.load_weights(path)
     for name in list(td.keys()):
@@ -222,6 +222,24 @@ def test_fastspeech2_with_hifigan_checkpoint_loads(fs2, tmp_path):
     ref = fs2[3][1]
     out = ours_outputs(ours, *batch_inputs(1))
     assert rel_err(out["spectrogram"], ref["spectrogram"]) <= TOL
+
+
+def test_fastspeech2_all_zero_durations_match_hf(tmp_path):
+    """A batch whose predicted durations are all 0: transformers gives every token 1 frame
+    (padding tokens included), in place, so the returned durations are all 1 too."""
+    import torch
+
+    model = make_fs2(seed=2)
+    with torch.no_grad():
+        model.duration_predictor.linear.bias.fill_(-30.0)
+    path = save_hf(model, tmp_path / "zero_durations")
+    ours = md.load_model(spec_path("fastspeech2_conformer"), path, variant="tiny")
+    ids, mask = batch_inputs(2)
+    ref, out = hf_outputs(model, ids, mask), ours_outputs(ours, ids, mask)
+    assert (ref["duration_outputs"] == 1).all()
+    np.testing.assert_array_equal(out["duration_outputs"], ref["duration_outputs"])
+    assert out["spectrogram"].shape == ref["spectrogram"].shape == (2, SEQ, 12)
+    assert report("spectrogram", out["spectrogram"], ref["spectrogram"]) <= TOL
 
 
 @pytest.mark.xfail(strict=True, reason=(
