@@ -94,7 +94,7 @@ def _expert_product(xin, w, e, enc):
         return rows_matmul(xin, w[e].T)
     _, n, k = w.shape
     data = w.data[e]
-    if kq.has_kernel(w.encoding, int(enc.block_elements), int(enc.block_bytes)):
+    if kq.has_row_decoder(w.encoding, int(enc.block_elements), int(enc.block_bytes)):
         return kq.qmatmul_blocks(xin, np.ascontiguousarray(data), w.encoding)
 
     def decode(r0, r1, tile):

@@ -293,6 +293,56 @@ def _q4_k_unit(builder, bp, ctx, u, lanes):
     return out
 
 
+def _q5_k_unit(builder, bp, ctx, u, lanes):
+    # 176 B: q4_k's first 16 bytes | qh[32] @16 | qs[128] @48. Chunk u: qs[32u + j] low
+    # nibble -> sub-block 2u, high -> 2u+1; bit 2u (2u+1) of qh[j] is the 5th bit; value =
+    # d*sc * q - dmin*m, one rounding as q4_k (d*sc*q is exact: 11 + 6 + 5 bits)
+    dsc, ndm = ctx
+    fma = _intrinsic_fn(builder, "llvm.fmuladd", ir.VectorType(_IR_F32, lanes), 3)
+    out = []
+    for half in range(2):
+        s = 2 * u + half
+        scale, bias = _ir_lane(builder, dsc, s, lanes), _ir_lane(builder, ndm, s, lanes)
+        for k in range(32 // lanes):
+            q = _bytes(builder, bp, 48 + 32 * u + lanes * k, lanes)
+            q = builder.lshr(q, _vi(lanes, 4)) if half else builder.and_(q, _vi(lanes, 15))
+            qh = _bytes(builder, bp, 16 + lanes * k, lanes)
+            hb = (builder.lshr(qh, _vi(lanes, s - 4)) if s >= 4
+                  else builder.shl(qh, _vi(lanes, 4 - s)))
+            q = builder.or_(q, builder.and_(hb, _vi(lanes, 16)))
+            out.append(builder.call(fma, [_tofloat(builder, q, lanes), scale, bias]))
+    return out
+
+
+def _d_m_at0(builder, bp, lanes):
+    # q4_1 / q5_1: d f16 @0, m f16 @2 as <lanes x float> splats
+    d, m = _ir_f16_pair(builder, _ir_load(builder, bp, 0, _IR_I32))
+    return _ir_splat(builder, d, lanes), _ir_splat(builder, m, lanes)
+
+
+def _q4_1_unit(builder, bp, ctx, u, lanes):
+    # 20 B: d | m | qs[16] @4; value = d * nibble + m (one rounding: d * q is exact)
+    d, m = ctx
+    fma = _intrinsic_fn(builder, "llvm.fmuladd", ir.VectorType(_IR_F32, lanes), 3)
+    return [builder.call(fma, [_tofloat(builder, _nibbles(builder, bp, 4, k, lanes), lanes),
+                               d, m]) for k in range(32 // lanes)]
+
+
+def _q5_1_unit(builder, bp, ctx, u, lanes):
+    # 24 B: d | m | qh u32 @4 | qs[16] @8; value j = d * (nibble | (qh bit j) << 4) + m
+    d, m = ctx
+    fma = _intrinsic_fn(builder, "llvm.fmuladd", ir.VectorType(_IR_F32, lanes), 3)
+    qh = _ir_splat(builder, _ir_load(builder, bp, 4, _IR_I32), lanes)
+    rot = _intrinsic_fn(builder, "llvm.fshr", qh.type, 3)
+    out = []
+    for k in range(32 // lanes):
+        amt = _vi(lanes, [(k * lanes + i - 4) % 32 for i in range(lanes)])
+        hb = builder.and_(builder.call(rot, [qh, qh, amt]), _vi(lanes, 16))
+        q = builder.or_(_nibbles(builder, bp, 8, k, lanes), hb)
+        out.append(builder.call(fma, [_tofloat(builder, q, lanes), d, m]))
+    return out
+
+
 def _q6_k_prepare(builder, bp, lanes):
     # 210 B: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d f16 @208 -> d * scales
     d = _ir_f16(builder, builder.lshr(_ir_load(builder, bp, 206, _IR_I32),
@@ -398,6 +448,9 @@ LAYOUT = {
     "q5_0": _Layout(32, 22, _d_at0, _q5_0_unit, prefetch=4096),
     "q4_k": _Layout(256, 144, _q4_k_prepare, _q4_k_unit, prefetch=4096),
     "q6_k": _Layout(256, 210, _q6_k_prepare, _q6_k_unit, prefetch=4096),
+    "q5_k": _Layout(256, 176, _q4_k_prepare, _q5_k_unit, prefetch=4096),
+    "q4_1": _Layout(32, 20, _d_m_at0, _q4_1_unit, prefetch=4096),
+    "q5_1": _Layout(32, 24, _d_m_at0, _q5_1_unit, prefetch=4096),
 }
 TABLE_LAYOUT = {     # the 16-lane decoders where a table lookup does the work
     "q4_0": _Layout(32, 18, _q4_0_table, _q4_0_unit_t, prefetch=4096),
@@ -684,6 +737,9 @@ _row_q5_0 = row_intrinsic("q5_0")
 _row_q8_0 = row_intrinsic("q8_0")
 _row_q4_k = row_intrinsic("q4_k")
 _row_q6_k = row_intrinsic("q6_k")
+_row_q5_k = row_intrinsic("q5_k")
+_row_q4_1 = row_intrinsic("q4_1")
+_row_q5_1 = row_intrinsic("q5_1")
 # q4_k with one row of x takes two weight rows per call: four accumulator chains, one
 # load of x for both. Measured, 2 threads, variants interleaved in one process (GB/s of
 # W): 4096 x 14336 22.6 -> 27.8, 262144 x 768 19.9 -> 23.9. The other encodings measured
@@ -777,6 +833,27 @@ def _group_q6_k(x, ws, offs, out):
 
 
 @numba.njit(cache=CACHE, parallel=True)
+def _group_q5_k(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_q5_k(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group_q4_1(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_q4_1(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group_q5_1(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_q5_1(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
 def _tiled_q5_0(x, ws, offs, out, chunk):
     nb = x.shape[1] // 32
     for t in numba.prange(_blocks(offs, TILE_ROWS)):
@@ -833,7 +910,8 @@ def _segment(offs, c):
 
 
 GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,
-              "q4_k": _group_q4_k, "q6_k": _group_q6_k}
+              "q4_k": _group_q4_k, "q6_k": _group_q6_k, "q5_k": _group_q5_k,
+              "q4_1": _group_q4_1, "q5_1": _group_q5_1}
 GEMV_TILED = {"q5_0": _tiled_q5_0, "q8_0": _tiled_q8_0, "q4_k": _tiled_q4_k}
 _BLOCK_VALUES = {"q5_0": 32, "q8_0": 32, "q4_k": 256}
 

@@ -116,9 +116,11 @@ def test_superpoint_config_from_hf(cases):
     assert got["threshold"] == pytest.approx(0.025)
 
 
-def test_superpoint_outputs_first_keypoints(cases):
+def test_superpoint_output_order(cases):
     ours = cases["all"][2]
-    assert list(ours.output_names[:4]) == ["keypoints", "scores", "descriptors", "mask"]
+    # the encoder's output first, as every shipped encoder-style spec; then the list
+    assert list(ours.output_names[:5]) == ["last_hidden_state", "keypoints", "scores",
+                                           "descriptors", "mask"]
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

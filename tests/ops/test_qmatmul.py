@@ -15,8 +15,8 @@ import maxdecl as md
 from ophelp import packed_blocks
 
 F32 = md.DType.float32
-FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16"]
-ROWS_ONLY = ["q4_1", "q5_1", "q2_k", "q3_k", "q5_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0"]
+FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1"]
+ROWS_ONLY = ["q2_k", "q3_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0"]
 BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
          "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2),
          "q4_1": (32, 20), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
@@ -90,13 +90,14 @@ def _raw_blocks(enc, n, k, rng):
     (d, and q4_k's dmin) of either sign from fp16 subnormals up to 4."""
     be, bb = BLOCK[enc]
     raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
-    for at in {"q4_k": (0, 2), "q6_k": (208,)}.get(enc, (0,)):
+    for at in {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q4_1": (0, 2),
+               "q5_1": (0, 2)}.get(enc, (0,)):
         mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
         raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("enc", ["q5_0", "q8_0", "q4_0"])
+@pytest.mark.parametrize("enc", ["q5_0", "q8_0", "q4_0", "q4_1", "q5_1"])
 @pytest.mark.parametrize("n", [1, 7, 300])
 def test_gemv_raw_blocks_gemma_k(enc, n):
     """The vector-IR GEMV kernels on raw random blocks (every quant and 5th-bit pattern,
@@ -361,7 +362,7 @@ def _lanes_kernel(enc, lanes, table=None, wrows=1):
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q5_k", "q4_1", "q5_1"])
 def test_gemv_weight_rows_per_call_do_not_change_bits(enc, lanes):
     """An intrinsic call over 2 or 4 weight rows (sharing each load of x) gives every
     output bit for bit what a call per weight row gives, for 1 to 5 rows of x."""
@@ -381,7 +382,7 @@ def test_gemv_weight_rows_per_call_do_not_change_bits(enc, lanes):
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q5_k", "q4_1", "q5_1"])
 def test_gemv_lane_widths_match_reference_and_rows(enc, lanes):
     """Both vector widths (16 lanes on AVX-512 CPUs, 8 elsewhere; LLVM lowers either
     anywhere), on raw random blocks with an odd block count: within tolerance of the
@@ -425,7 +426,7 @@ def test_gemv_table_decoders_equal_plain_decoders(enc):
         assert a.tobytes() == b.tobytes(), (enc, m)
 
 
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q5_k", "q4_1", "q5_1"])
 def test_gemv_group_equals_each_weight_alone(enc):
     """``gemv_group`` (fused q/k/v, gate/up) gives each weight's columns bit for bit."""
     from maxdecl.kernels import gemv
