@@ -48,7 +48,11 @@ def _softmax_inplace(sc, n, sink):
 @numba.njit(cache=CACHE, inline="always")
 def _key_range(pos, T, causal, window):
     # keys [lo, hi) a query at absolute position pos may see: j <= pos when causal,
-    # pos - j < window when window > 0, and j - pos < window too when not causal
+    # pos - j < window when window > 0, and j - pos < window too when not causal;
+    # window < 0: chunks of -window keys, those of pos's chunk (Llama 4)
+    if window < 0:
+        lo = pos - pos % (-window)
+        return lo, min(T, pos + 1) if causal else min(T, lo - window)
     lo = max(0, pos - window + 1) if window > 0 else 0
     if causal:
         hi = min(T, pos + 1)

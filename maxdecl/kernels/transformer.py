@@ -104,6 +104,12 @@ def _pad_last(a, width):
     return out
 
 
+def _window(attrs) -> int | None:
+    """The kernels' window argument: W > 0 a sliding window, -C chunks of C, None none."""
+    chunk = attrs.get("chunk")
+    return -int(chunk) if chunk else attrs["sliding_window"]
+
+
 def _attention_run(args, attrs):
     kern = attention
     q, k, v, *rest = args
@@ -116,7 +122,7 @@ def _attention_run(args, attrs):
     if _rows_kernel(q, k, v):
         check_rows([q.shape], [k], [v], attrs["alibi_slopes"], sinks)
         out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), [q.shape[0]], [k], [v],
-                          _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
+                          _scale(attrs, q.shape[-1]), attrs["causal"], _window(attrs),
                           attrs["alibi_slopes"], attrs["softcap"],
                           [kv_addresses(new_cache) if new_cache is not None else None],
                           sinks=sinks)
@@ -133,7 +139,7 @@ def _attention_run(args, attrs):
         k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
         v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
     scale = _scale(attrs, d)
-    out = kern.attention(q3, k3, v3, scale, attrs["causal"], attrs["sliding_window"],
+    out = kern.attention(q3, k3, v3, scale, attrs["causal"], _window(attrs),
                          attrs["alibi_slopes"], attrs["softcap"], t - s, sinks)
     out = out.reshape(batch + (s, hq, v.shape[-1])).astype(q.dtype, copy=False)
     return [out] if new_cache is None else [out, new_cache]
@@ -155,7 +161,7 @@ def _attention_batch(args, rows, attrs):
             write_rows(k, v, dst)
             out = table_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), seqs,
                              k.shape[1], v.shape[2], _scale(attrs, q.shape[-1]),
-                             attrs["causal"], attrs["sliding_window"], attrs["alibi_slopes"],
+                             attrs["causal"], _window(attrs), attrs["alibi_slopes"],
                              attrs["softcap"], sinks)
             return [out.astype(q.dtype, copy=False), caches]
     caches, keys, values, start = [], [], [], 0
@@ -167,7 +173,7 @@ def _attention_batch(args, rows, attrs):
         start += n
     check_rows([(n,) + q.shape[1:] for n in rows], keys, values, attrs["alibi_slopes"], sinks)
     out = packed_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), keys, values,
-                      _scale(attrs, q.shape[-1]), attrs["causal"], attrs["sliding_window"],
+                      _scale(attrs, q.shape[-1]), attrs["causal"], _window(attrs),
                       attrs["alibi_slopes"], attrs["softcap"],
                       [kv_addresses(c) for c in caches], sinks=sinks)
     return [out.astype(q.dtype, copy=False), caches]
@@ -177,7 +183,7 @@ def _masked_attention_run(args, attrs):
     q, k, v, mask, *rest = args
     k, v, new_cache = _with_cache(k, v, rest[:1])
     out = masked_attention(q, k, v, mask, _scale(attrs, q.shape[-1]), attrs["causal"],
-                           attrs["sliding_window"], attrs["alibi_slopes"], attrs["softcap"],
+                           _window(attrs), attrs["alibi_slopes"], attrs["softcap"],
                            _sinks(rest))
     out = out.astype(q.dtype, copy=False)
     return [out] if new_cache is None else [out, new_cache]
@@ -212,8 +218,10 @@ def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap,
     visible = np.ones((s, t), bool)
     if causal:
         visible &= j <= pos
-    if window:
+    if window and window > 0:
         visible &= (pos - j < window) & ((j - pos < window) | bool(causal))
+    elif window:                                        # chunks of -window keys
+        visible &= (pos // -window) == (j // -window)
     mask = np.asarray(mask)
     if mask.dtype == np.bool_:
         visible = visible & mask

@@ -133,6 +133,12 @@ def _normalize_attention(attrs):
         raise ValueError(f"sliding_window must be a positive int, 0 or None (no window), "
                          f"got {w!r}")
     out["sliding_window"] = w or None
+    c = attrs["chunk"]
+    if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
+        raise ValueError(f"chunk must be a positive int, 0 or None (no chunks), got {c!r}")
+    out["chunk"] = c or None
+    if out["chunk"] and out["sliding_window"]:
+        raise ValueError("sliding_window and chunk exclude each other: give one")
     out["alibi_slopes"] = (None if attrs["alibi_slopes"] is None
                            else tuple(float(s) for s in attrs["alibi_slopes"]))
     cap = attrs["softcap"]
@@ -196,7 +202,7 @@ def _attention_rule(inputs, attrs):
     return [out, new]
 
 
-_ATTENTION_ATTRS = {"causal": True, "scale": None, "sliding_window": None,
+_ATTENTION_ATTRS = {"causal": True, "scale": None, "sliding_window": None, "chunk": None,
                     "alibi_slopes": None, "softcap": None}
 define("attention", rule=_attention_rule, run="transformer", inputs=("q", "k", "v"),
        optional=("kv_cache", "sinks"), attrs=dict(_ATTENTION_ATTRS),
@@ -227,7 +233,10 @@ def attention():  # noqa: A001 - the signature comes from the definition
     (ALiBi); a query at i sees key j when ``j <= i`` (causal) and ``i - j < W``
     (``sliding_window``); without ``causal`` the window is two-sided, ``|i - j| < W``
     (ModernBERT's local attention over ``local_attention // 2`` either side is ``W =
-    local_attention // 2 + 1``). A query that sees no key gives zeros.
+    local_attention // 2 + 1``). ``chunk``: an int C (None or 0: none), chunk-local
+    attention (Llama 4's ``attention_chunk_size``): a query at i sees key j only when
+    ``i // C == j // C`` (and ``j <= i`` when causal); it excludes ``sliding_window``. A
+    query that sees no key gives zeros.
 
     ``alibi_slopes``: a list of Hq floats (slope_h for query head h), e.g. the
     expression ``alibi_slopes(n_heads, 8.0)``; HF's BLOOM adds ``slope_h * j``, which
@@ -299,7 +308,7 @@ def masked_attention():  # noqa: A001 - the signature comes from the definition
     cache's): a float mask is added to them after the scale, soft-capping and ALiBi (T5's
     relative position bias ``[heads, S, T]``, a padding mask of 0 and -inf ``[batch, 1,
     1, T]``); a bool mask says which keys each query may see (True: may). ``causal``,
-    ``sliding_window``, ``alibi_slopes`` and ``softcap`` apply as in ``attention``
+    ``sliding_window``, ``chunk``, ``alibi_slopes`` and ``softcap`` apply as in ``attention``
     (``causal`` defaults to True: set it false for an encoder); a key must pass the mask
     and the causal and window rules both, so a band plus a few global keys (Longformer)
     is a mask alone, without ``sliding_window``. A query that sees no key

@@ -224,3 +224,70 @@ def test_a_zero_sliding_window_is_no_window(rng):
     assert a.tobytes() == b.tobytes()
     with pytest.raises(md.GraphError, match="sliding_window must be a positive int, 0 or None"):
         md.ops.attention(q, k, v, sliding_window=-1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("s, t", [(40, 40), (5, 5), (3, 9), (1, 17)])
+@pytest.mark.parametrize("chunk", [1, 4, 8])
+def test_chunked_attention_matches_torch_band(s, t, chunk, causal):
+    """``chunk``: query i sees key j when i // C == j // C (and j <= i when causal), in
+    the blocked kernel, the few-rows kernel, the rows kernel and masked_attention alike,
+    against torch's sdpa with that mask (Llama 4's chunked attention)."""
+    import torch
+    import torch.nn.functional as F
+    from maxdecl.kernels import attention_rows as ar
+    from maxdecl.kernels.transformer import masked_attention
+
+    rng = np.random.default_rng(chunk * 1000 + s * 10 + t)
+    q = rng.standard_normal((1, s, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((1, t, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((1, t, 2, 16)).astype(np.float32)
+    pos = (t - s) + np.arange(s)[:, None]
+    j = np.arange(t)[None, :]
+    band = (pos // chunk) == (j // chunk)
+    if causal:
+        band &= j <= pos
+    qt, kt, vt = (torch.from_numpy(a).double().movedim(-2, -3) for a in (q, k, v))
+    ref = F.scaled_dot_product_attention(qt, kt.repeat_interleave(2, -3),
+                                         vt.repeat_interleave(2, -3),
+                                         attn_mask=torch.from_numpy(band), scale=0.25)
+    ref = ref.movedim(-3, -2).float().numpy()
+    got = kern.attention(q, k, v, 0.25, causal, -chunk, None, None, t - s)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+    rows = ar.attention_rows([q[0]], [k[0]], [v[0]], 0.25, causal, -chunk, None, None)[0]
+    np.testing.assert_allclose(rows, ref[0], rtol=2e-5, atol=2e-6)
+    masked = masked_attention(q, k, v, np.ones((s, t), bool), 0.25, causal, -chunk, None,
+                              None)
+    np.testing.assert_allclose(masked, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_chunk_attr_through_a_kv_cache_decode(rng):
+    """The ``chunk`` attribute of the op: a prefill then one-row decode steps through the
+    KV cache give the rows of one whole-sequence call; it excludes sliding_window."""
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 4, 8)), md.TensorType("float32", ("seq", 2, 8)),
+                       md.TensorType("float32", ("seq", 2, 8)),
+                       md.TensorType("float32", (2, "past", 2, 8))])
+    q, k, v, cache = g.inputs
+    out, new = md.ops.attention(q, k, v, cache, chunk=3)
+    g.output([out, new])
+    n = 11
+    qs, ks, vs = (rng.standard_normal((n, h, 8)).astype(np.float32) for h in (4, 2, 2))
+    whole, _ = g.execute(qs, ks, vs, np.zeros((2, 0, 2, 8), np.float32))
+    c = np.zeros((2, 0, 2, 8), np.float32)
+    o, c = g.execute(qs[:4], ks[:4], vs[:4], c)
+    steps = [o]
+    for i in range(4, n):
+        o, c = g.execute(qs[i:i + 1], ks[i:i + 1], vs[i:i + 1], c)
+        steps.append(o)
+    np.testing.assert_allclose(np.concatenate(steps), whole, rtol=1e-6, atol=1e-6)
+    qf, kf = qs.astype(np.float64), np.repeat(ks, 2, axis=1).astype(np.float64)
+    vf = np.repeat(vs, 2, axis=1).astype(np.float64)
+    for i in (0, 2, 3, 7, 10):                       # row i sees keys [i - i % 3, i]
+        keys = range(i - i % 3, i + 1)
+        sc = np.einsum("hd,jhd->hj", qf[i], kf[list(keys)]) / np.sqrt(8)
+        p = np.exp(sc - sc.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        np.testing.assert_allclose(whole[i], np.einsum("hj,jhd->hd", p, vf[list(keys)]),
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(md.GraphError, match="exclude each other"):
+        md.ops.attention(q, k, v, sliding_window=4, chunk=3)
