@@ -192,7 +192,30 @@ RUN = {
     "select": lambda args, attrs: [np.where(args[0], args[1], args[2])],
     "squeeze": _squeeze_run,
     "identity": lambda args, attrs: [args[0]],
-    "repeat_interleave": lambda args, attrs: [np.repeat(args[0], attrs["repeats"],
-                                                        axis=attrs["axis"])],
+    "repeat_interleave": lambda args, attrs: [_repeat_interleave_run(args, attrs)],
     "unsqueeze": lambda args, attrs: [np.expand_dims(args[0], tuple(attrs["axis"]))],
 }
+
+
+MAX_REPEAT_ELEMENTS = 1 << 31   # a counts input summing past this is refused, not allocated
+
+
+def _repeat_interleave_run(args, attrs):
+    x, *counts = args
+    axis = attrs["axis"]
+    if not counts:
+        return np.repeat(x, attrs["repeats"], axis=axis)
+    c = np.asarray(counts[0])
+    n = x.shape[axis]
+    if c.shape != (n,):
+        raise ValueError(f"counts{list(c.shape)} must hold one count for each of the {n} "
+                         f"elements along axis {axis}")
+    if c.size and c.min() < 0:
+        raise ValueError(f"counts must be >= 0, got {int(c.min())} at index "
+                         f"{int(np.argmin(c))}")
+    total = int(c.astype(np.int64).sum())
+    per = x.size // n if n else 0
+    if total * per > MAX_REPEAT_ELEMENTS:
+        raise ValueError(f"counts sum to {total} along axis {axis}: {total * per} elements, "
+                         f"more than {MAX_REPEAT_ELEMENTS}")
+    return np.repeat(x, c.astype(np.int64), axis=axis)

@@ -805,24 +805,43 @@ define("identity", rule=_identity_rule, run="shape", kind="shape",
 
 
 def _repeat_interleave_rule(inputs, attrs):
-    (x,) = inputs
+    x, *counts = inputs
     _checks.not_quantized(x)
-    r = attrs["repeats"]
-    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-        raise ValueError(f"repeat_interleave repeats must be a non-negative int, got {r!r}")
     axis = _checks.valid_axis(attrs["axis"], x.rank)
     shape = list(x.shape)
+    r, length = attrs["repeats"], attrs["length"]
+    if counts:
+        (c,) = counts
+        if r is not None:
+            raise ValueError("give `repeats` (one count for all) or a `counts` input, not both")
+        if c.dtype not in (DType.int64, DType.int32) or c.rank != 1:
+            raise ValueError(f"counts must be 1-D int64 (one count per element along axis "
+                             f"{axis}), got {c.type}")
+        if not _checks.dims_equal(c.shape[0], shape[axis]):
+            raise ValueError(f"counts {c.type} must have one count per element of axis {axis} "
+                             f"of {x.type}")
+        if not (isinstance(length, str) and length.isidentifier()):
+            raise ValueError(f"with a `counts` input the new axis length depends on the "
+                             f"data: name it with `length` (a new dim name such as frames), "
+                             f"got {length!r}")
+        shape[axis] = length
+        return [TensorType(x.dtype, tuple(shape))]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ValueError(f"repeat_interleave repeats must be a non-negative int, got {r!r}")
     shape[axis] = dims.mul(shape[axis], r)
     return [TensorType(x.dtype, tuple(shape))]
 
 
-define("repeat_interleave", rule=_repeat_interleave_rule, run="shape",
-       attrs={"repeats": REQUIRED, "axis": 0}, kind="shape",
+define("repeat_interleave", rule=_repeat_interleave_rule, run="shape", optional=("counts",),
+       attrs={"repeats": None, "axis": 0, "length": None}, kind="shape",
        normalize=lambda a: {**a, "repeats": int(a["repeats"]) if _whole(a["repeats"])
                             else a["repeats"], "axis": int(a["axis"])},
-       doc="each element repeated `repeats` times in place along axis (torch's "
-           "x.repeat_interleave(repeats, dim), np.repeat): [a, b] -> [a, a, b, b]",
-       rule_doc="repeats a non-negative int; the axis dim times repeats")
+       doc="each element repeated in place along axis (torch's x.repeat_interleave(repeats, "
+           "dim), np.repeat): `repeats` times each ([a, b] -> [a, a, b, b]), or `counts[i]` "
+           "times element i, a data-dependent length the type checker knows as the dim "
+           "named by `length`",
+       rule_doc="repeats a non-negative int (the axis dim times repeats), or counts 1-D int "
+                "with one count per element and `length` a new dim name (the output's axis)")
 define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind="shape",
        doc="np.where(cond, x, y)",
        rule_doc="cond bool; x, y one dtype; the three shapes broadcast")
@@ -962,7 +981,14 @@ def identity():  # noqa: A001 - the signature comes from the definition
 @public
 def repeat_interleave():  # noqa: A001 - the signature comes from the definition
     """Each element of ``x`` repeated ``repeats`` times in place along ``axis``
-    (``np.repeat(x, repeats, axis)``); ``tile`` repeats the whole tensor instead."""
+    (``np.repeat(x, repeats, axis)``); ``tile`` repeats the whole tensor instead.
+
+    With a ``counts`` input (1-D int64, one count >= 0 per element along ``axis``),
+    element i is repeated ``counts[i]`` times (``torch.repeat_interleave(x, counts,
+    dim)``): the output's length along ``axis`` is ``sum(counts)``, known only at run
+    time, so ``length`` names it as a new dim (``length: frames``) for the type checker.
+    A FastSpeech-style length regulator is this op on the encoder states and the rounded
+    durations. Counts summing to more than 2**31 elements are refused."""
 
 
 @public

@@ -567,3 +567,36 @@ def test_an_empty_slice_of_a_symbolic_axis_is_zero_long():
     g.output(grown)
     (out,) = g.execute(np.ones((2, 3, 4), np.float32))
     assert out.shape == (2, 6, 4)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_repeat_interleave_counts_is_torch(rng, axis):
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    n = x.shape[axis]
+    counts = rng.integers(0, 4, n).astype(np.int64)
+    g = md.Graph("t", [md.TensorType("float32", (3, 4, 5)), md.TensorType("int64", (n,))])
+    y = md.ops.repeat_interleave(g.inputs[0], g.inputs[1], axis=axis, length="frames")
+    assert y.shape[axis % 3] == "frames"
+    g.output(y)
+    (out,) = g.execute(x, counts)
+    want = torch.repeat_interleave(torch.from_numpy(x), torch.from_numpy(counts), dim=axis)
+    np.testing.assert_array_equal(out, want.numpy())
+
+
+def test_repeat_interleave_counts_errors(rng):
+    g = md.Graph("t", [md.TensorType("float32", ("seq", 4)), md.TensorType("int64", ("seq",)),
+                       md.TensorType("int64", (3,))])
+    x, c, c3 = g.inputs
+    with pytest.raises(md.GraphError, match="name it with `length`"):
+        md.ops.repeat_interleave(x, c)
+    with pytest.raises(md.GraphError, match="not both"):
+        md.ops.repeat_interleave(x, c, repeats=2, length="frames")
+    y = md.ops.repeat_interleave(x, c, length="frames")
+    g.output(y)
+    xs = rng.standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(md.GraphError, match=">= 0"):
+        g.execute(xs, np.array([1, -1, 2]), np.zeros(3, np.int64))
+    with pytest.raises(md.GraphError, match="more than"):
+        g.execute(xs, np.array([1, 1 << 40, 2]), np.zeros(3, np.int64))
+    (out,) = g.execute(xs, np.array([0, 0, 0]), np.zeros(3, np.int64))
+    assert out.shape == (0, 4)
