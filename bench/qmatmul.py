@@ -1,7 +1,7 @@
 """GEMV speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N] [--cpu-time] [--gemma]``.
 
-For q4_0, q5_0, q8_0, q4_k and q6_k at (N, K) = (262144, 640) (Gemma 3's tied output
-head) and (4096, 14336), with M = 1 and 8 rows of x: median time of ``qmatmul``
+For q4_0, q5_0, q8_0, q4_k and q6_k (``--encodings`` takes any of GGML's types here, e.g.
+q5_k,q4_1,q5_1,q3_k) at (N, K) = (262144, 640) (Gemma 3's tied output head) and (4096, 14336), with M = 1 and 8 rows of x: median time of ``qmatmul``
 (through the op's run), effective weight bandwidth (packed bytes of W / time) as a
 share of the machine's read bandwidth (a numba parallel sum over 512 MiB of float32,
 measured in the same run), what 8 rows cost against one, and the ratio against numpy's
@@ -84,12 +84,12 @@ def _packed(enc, n, k, rng):
     nb = k // e.block_elements
     raw = rng.integers(0, 256, (n, nb, e.block_bytes), dtype=np.uint8)
     fp16 = (rng.random((n, nb, 2)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
-    if enc in ("q4_0", "q8_0", "q5_0"):
-        raw[..., 0:2] = fp16[..., 0:2]
-    elif enc == "q4_k":
-        raw[..., 0:4] = fp16
-    elif enc == "q6_k":
-        raw[..., 208:210] = fp16[..., 0:2]
+    # byte offsets of each encoding's fp16 scales
+    at = {"q4_0": (0,), "q8_0": (0,), "q5_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2),
+          "q4_1": (0, 2), "q5_1": (0, 2), "q6_k": (208,), "q2_k": (80, 82), "q3_k": (108,),
+          "iq4_nl": (0,), "iq4_xs": (0,), "tq1_0": (52,), "tq2_0": (64,)}.get(enc, ())
+    for i, o in enumerate(at):
+        raw[..., o:o + 2] = fp16[..., 2 * i:2 * i + 2]
     return raw.reshape(n, nb * e.block_bytes)
 
 
@@ -173,7 +173,7 @@ def main(argv=None):
     results = []
     for enc in args.encodings.split(","):
         for n, k in shapes:
-            if enc in ("q4_k", "q6_k") and k % 256:
+            if md.codecs.get(enc).block_elements == 256 and k % 256:
                 k = (k + 255) // 256 * 256           # K-quants: 262144 x 768
             data = _packed(enc, n, k, rng)
             qt = md.QuantizedTensor(data, (n, k), enc)
