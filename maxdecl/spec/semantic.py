@@ -241,9 +241,10 @@ class Expander:
             return self.dims_with_params(raw, env)      # "{patch_len}*patches", p*patches
         elif isinstance(raw, str):
             text = raw.strip()
-            if text.startswith("{") and text.endswith("}") and len(split_template(text)) == 1:
-                text = text[1:-1]
             try:
+                if text.startswith("{") and text.endswith("}") \
+                        and len(split_template(text)) == 1:
+                    text = text[1:-1]
                 value = evaluate(text, env)
             except ExprError as e:
                 unknown = _unknown_beside_dims(text, env, self.spec.dims) if symbolic else None

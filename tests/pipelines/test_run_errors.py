@@ -53,11 +53,12 @@ def test_unknown_ggml_type_names_tensor_and_type(tmp_path):
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "odd.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 20), np.uint8),  # 4 rows of 32, Q4_1
-                 raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    # IQ2_XXS (its lattice tables are not implemented): 2 rows of 256, 66 bytes each
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((2, 66), np.uint8),
+                 raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     line = _run("specs/llama3.yaml", "--weights", str(path))
-    assert "blk.0.attn_q.weight" in line and "Q4_1" in line
+    assert "blk.0.attn_q.weight" in line and "IQ2_XXS" in line
