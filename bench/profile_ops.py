@@ -4,10 +4,11 @@ Gemma 3 270M Q4_K_M, 2 threads: runs a prefill of the bench prompt (128 tokens) 
 ``--tokens`` decode steps with every op's ``run`` wrapped in a timer, then prints per
 op (qmatmul per encoding and weight shape) the calls per step, milliseconds per step
 and microseconds per call, for the prefill and for the mean decode step (fused calls
-of ``md.compile`` as ``linear_group``; ``MAXDECL_FUSE=0`` for the unfused plan). The
-timer adds about a microsecond per call.
+of ``md.compile`` as ``linear_group``; ``MAXDECL_FUSE=0`` for the unfused plan). With
+``--batch N`` it then profiles the batched step of ``bench/generate.py``'s N-prompt figure
+(the steps where all N decode together). The timer adds about a microsecond per call.
 
-    python bench/profile_ops.py [--tokens 32] [--threads 2]
+    python bench/profile_ops.py [--tokens 32] [--threads 2] [--batch 8]
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ class _Timed:
         return out
 
 
+class _TimedBatch(_Timed):
+    """Wraps an op's batch runner (``fn(args, rows, attrs)``)."""
+
+    def __call__(self, args, rows, attrs):
+        t = time.perf_counter()
+        out = self.run(args, rows, attrs)
+        self.totals[self.name] += time.perf_counter() - t
+        self.calls[self.name] += 1
+        return out
+
+
 def _report(title, totals, calls, steps, wall):
     print(f"\n{title}: {wall / steps * 1e3:.2f} ms per step, "
           f"ops {sum(totals.values()) / steps * 1e3:.2f} ms, "
@@ -56,6 +68,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=0, help="also profile N prompts decoding "
+                    "together (0: skip)")
     a = ap.parse_args()
     import numba
 
@@ -72,6 +86,10 @@ def main() -> None:
     # md.compile takes each op's runtime from the registry's runner cache: time them all
     for name, op in _registry.REGISTRY.items():
         _registry._RUNNERS[name] = _Timed(name, op.runner(), totals, calls)
+        batched = op.batch_runner()                      # a batched step's one call
+        if batched is not None:
+            _registry._BATCH_RUNNERS[name] = _TimedBatch(f"{name} (batched)", batched,
+                                                         totals, calls)
     for kind in ("linear_group",):                       # md.compile's fused calls too
         fusion._RUNNERS[kind] = _Timed(kind, fusion.runner(kind), totals, calls)
     model = md.load_model(spec, _gguf_path())
@@ -97,10 +115,42 @@ def main() -> None:
                 del totals[k], calls[k]
         _report(f"decode, mean of {a.tokens} steps", totals, calls, a.tokens,
                 res.decode_seconds)
+        if a.batch > 1:
+            _profile_batch(model, ids, a.batch, a.tokens, totals, calls)
     finally:
         _registry._RUNNERS.clear()
+        _registry._BATCH_RUNNERS.clear()
         fusion._RUNNERS.clear()
     print(f"\ndecode {res.decode_tps:.1f} tokens/s with the timers in place")
+
+
+def _profile_batch(model, ids, n, tokens, totals, calls) -> None:
+    """``n`` prefixes of the bench prompt decoding ``tokens`` tokens together: the op
+    times of the steps where all ``n`` decode and none joins."""
+    import numpy as np
+
+    from maxdecl.pipelines.batching import BatchRunner, Request
+
+    runner = BatchRunner(model.compiled, max_batch=n)
+    for k in range(n):
+        runner.add(Request(ids[:len(ids) - 8 * k], lambda row: int(np.argmax(row)), tokens))
+    steps, wall = 0, 0.0
+    step_t, step_c = collections.defaultdict(float), collections.Counter()
+    while runner.busy:
+        full = runner.decoding == n and not runner.waiting
+        totals.clear()
+        calls.clear()
+        t = time.perf_counter()
+        runner.step()
+        if full:
+            wall += time.perf_counter() - t
+            steps += 1
+            for k, v in totals.items():
+                step_t[k] += v
+                step_c[k] += calls[k]
+    if steps:
+        _report(f"{n} prompts decoding together, mean of {steps} steps ({n} tokens a step)",
+                step_t, step_c, steps, wall)
 
 
 if __name__ == "__main__":
