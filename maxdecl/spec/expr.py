@@ -209,6 +209,26 @@ def _make_divisible(v, divisor, min_value=None):
     return int(out + divisor if out < 0.9 * v else out)
 
 
+def _text(name, method):
+    """``name(s)``: a string method of one string (``lower``, ``upper``, ``strip``)."""
+    def apply(s):
+        if not isinstance(s, str):
+            raise ExprError(f"{name} takes a string, got {s!r}"[:200])
+        budgets.charge(len(s) + 1)
+        return method(s)
+    return apply
+
+
+def _split_text(s, sep=None):
+    """``split(s, sep)``: Python's ``s.split(sep)`` (``sep`` None or absent: runs of
+    whitespace); a config value that packs a list into one string, ``"p2c|c2p"``."""
+    if not isinstance(s, str) or not (sep is None or (isinstance(sep, str) and sep)):
+        raise ExprError(f"split takes a string and a non-empty separator string, got "
+                        f"{s!r}, {sep!r}"[:200])
+    budgets.charge(2 * len(s) + 1)
+    return s.split(sep)
+
+
 def _normal_icdf(p):
     """The standard normal distribution's quantile (torch's ``Normal(0, 1).icdf(p)``,
     scipy's ``ndtri``) for ``0 < p < 1``: Gemma 3n's activation-sparsity cutoff."""
@@ -225,7 +245,8 @@ FUNCTIONS = {
     "bool": bool, "len": len, "sqrt": math.sqrt, "exp": math.exp, "log": math.log,
     "log2": math.log2, "ceil": math.ceil, "floor": math.floor, "float32": _float32,
     "erf": math.erf, "normal_icdf": _normal_icdf, "all": _truth("all", all),
-    "any": _truth("any", any), "sorted": _sorted,
+    "any": _truth("any", any), "sorted": _sorted, "lower": _text("lower", str.lower),
+    "upper": _text("upper", str.upper), "strip": _text("strip", str.strip), "split": _split_text,
     "alibi_slopes": alibi_slopes, "llama3_rope_factors": llama3_rope_factors,
 }
 

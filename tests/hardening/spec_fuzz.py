@@ -45,6 +45,11 @@ LAUGHS = ("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"*l{i-1}, *l{i-1}]\n" for i in range(1, 9)))
 _VALUE = re.compile(rb"^(\s*-?\s*[\w.*\"'{}-]+:\s)(\S.*)$")
 
+# edits inside a template expression: unbalanced brackets, operators, huge numbers
+EXPR_EDITS = ["}", "{", ")", "(", "[", "]", "**", " if ", "'", '"', "//0", "-", "1e999",
+              " not ", "lambda x: x", "__class__", ".", ",", ":", "%", "**99999", "{{", "}}",
+              "[0]", "[1:]", " for i in x", "=", "==", "*-", "\\", "#"]
+
 
 def sources() -> list[tuple[str, bytes]]:
     files = sorted(glob.glob(os.path.join(ROOT, "specs", "*.yaml")))
@@ -55,7 +60,7 @@ def sources() -> list[tuple[str, bytes]]:
 def mutate(data: bytes, rng: random.Random) -> bytes:
     lines = data.split(b"\n")
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
-        kind = rng.choices(range(8), weights=[1, 1, 5, 4, 2, 0.5, 0.5, 1])[0]
+        kind = rng.choices(range(9), weights=[1, 1, 5, 4, 2, 0.5, 0.5, 1, 3])[0]
         i = rng.randrange(len(lines))
         if kind == 0:                                   # flip bits of a few bytes
             b = bytearray(b"\n".join(lines))
@@ -86,6 +91,16 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
             lines[i] = lines[i][:at] + tok + lines[i][at:]
         elif kind == 6:                                 # indent a line by a tab
             lines[i] = b"\t" + lines[i].lstrip(b" ")
+        elif kind == 8:                                 # an edit inside an expression
+            cands = [j for j, ln in enumerate(lines) if b"{" in ln]
+            if cands:
+                j = rng.choice(cands)
+                ln = lines[j]
+                at = rng.choice([k for k in range(len(ln)) if ln[k:k + 1] in b"{}()[]"]
+                                or [rng.randrange(len(ln))])
+                at = max(0, min(len(ln), at + rng.randint(-3, 3)))
+                tok = rng.choice(EXPR_EDITS).encode()
+                lines[j] = ln[:at] + tok + ln[at + rng.randint(0, 2):]
         else:                                           # an alias bomb / a deep value
             extra = rng.choice([LAUGHS.encode(), b"zz: " + b"[" * 5000 + b"]" * 5000,
                                 b"zz: &z {a: *z}", b"zz: " + b"- " * 300 + b"x"])

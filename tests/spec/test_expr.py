@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from maxdecl.spec.expr import ExprError, alibi_slopes, evaluate, render, split_template
 
@@ -166,3 +168,26 @@ def test_normal_icdf_and_erf_match_torch():
     for bad in ("normal_icdf(0)", "normal_icdf(1.5)", "normal_icdf('a')"):
         with pytest.raises(ExprError, match="strictly between 0 and 1"):
             evaluate(bad, {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=" |,aAbB-_\t", max_size=40), st.sampled_from([None, "|", ",", "ab"]))
+def test_string_functions_are_pythons(s, sep):
+    """lower / upper / strip / split of a config string (DeBERTa's "p2c|c2p") are
+    Python's own string methods."""
+    env = {"s": s, "sep": sep}
+    assert evaluate("lower(s)", env) == s.lower()
+    assert evaluate("upper(s)", env) == s.upper()
+    assert evaluate("strip(s)", env) == s.strip()
+    assert evaluate("split(s, sep)", env) == s.split(sep)
+    assert evaluate("[strip(x) for x in split(lower(s), '|')]", env) == \
+        [x.strip() for x in s.lower().split("|")]
+
+
+def test_string_functions_refuse_and_stay_bounded():
+    for bad, why in (("lower(3)", "lower takes a string"), ("split('a', '')", "non-empty"),
+                     ("split(1)", "split takes a string"), ("strip(['a'])", "strip takes")):
+        with pytest.raises(ExprError, match=why):
+            evaluate(bad, {})
+    # the longest string a value may be splits into at most a million and one parts
+    assert evaluate("len(split(s, 'a'))", {"s": "a" * 999_999}) == 1_000_000
