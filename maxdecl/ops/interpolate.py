@@ -134,7 +134,8 @@ def interpolate():  # noqa: A001 - the signature comes from the definition
     dim), ``scale_factor`` (a number or one per dim: the output is ``floor(in *
     factor)`` and the sampling step ``1 / factor``, torch's default) and the input
     ``like``, a value of x's rank and layout whose spatial dims the output takes
-    (torch's ``size=other.shape[2:]``; they may be symbolic). Modes:
+    (torch's ``size=other.shape[2:]``; they may be symbolic; only its shape is read, so
+    its batch and channel dims and its dtype may differ from x's). Modes:
 
     * ``nearest``: source index ``floor(out * in / out_size)`` (torch's legacy nearest);
     * ``nearest-exact``: ``floor((out + 0.5) * in / out_size)`` (PIL, scikit-image);

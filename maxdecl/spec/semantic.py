@@ -194,6 +194,7 @@ class Expander:
         self.io_names: dict[str, Pos] = {}
         self.root_outputs: list = []
         self.layer_outputs: list = []
+        self.output_pos: dict = {}          # graph output name -> where it is declared
         self._vid = 0
         self._unused_seen: set = set()      # layers checked as run no times (repeat 0)
         # a layer left unexpanded after an error (its repeat count or a block parameter):
@@ -339,6 +340,7 @@ class Expander:
             vid = self.lookup(name, ns, pos)
             if vid is not None:
                 self.add_output(name, vid, pos, self.root_outputs)
+        self.check_prefixed_logits()
         hints: dict = {}            # a repeat refers to one unknown name once a layer
         for name, pos in self.weight_refs:
             if name in self.weights:
@@ -404,6 +406,20 @@ class Expander:
             self.types.input(vid, io.dtype, shape)
             self.input_types[full] = self.types.values.get(vid)
 
+    def check_prefixed_logits(self) -> None:
+        """A lone ``X.logits`` output and no ``logits``: a named layer published it, so it
+        took the layer's path, and generation (which reads ``logits``) would not find it."""
+        names = [n for n, _ in self.root_outputs + self.layer_outputs]
+        prefixed = [n for n in names if n.endswith(".logits")]
+        if len(prefixed) == 1 and "logits" not in names:
+            name = prefixed[0]
+            pos = self.output_pos[name]
+            layer = name[:-len(".logits")]
+            self.problem(pos, f"outputs: 'logits' of the named layer {layer!r} is the graph "
+                              f"output {name!r} (a named layer's outputs take its path), "
+                              "and generation reads 'logits': publish it from a layer "
+                              "without a name or from the top-level outputs")
+
     def add_output(self, name: str, vid: int, pos: Pos, into: list):
         if any(n == name for n, _ in self.root_outputs + self.layer_outputs):
             self.problem(pos, f"graph output {name!r} is declared twice")
@@ -413,6 +429,7 @@ class Expander:
             if why:
                 self.problem(pos, f"state output {name!r} {why}")
         into.append((name, vid))
+        self.output_pos[name] = pos
 
     def lookup(self, name: str, ns: dict, pos: Pos):
         if name in ns:
@@ -853,8 +870,11 @@ class Expander:
             if v is None:
                 return None
             if not _is_num(v):
+                tip = (f" (a value or weight named by a param is text around the "
+                       f"braces: \"{{pre}}.weight\", not \"{{name}}\")"
+                       if isinstance(v, str) else "")
                 self.problem(pos, f"{text!r} evaluates to {v!r}; an op input expression "
-                                  "must give a number (a scalar constant)")
+                                  f"must give a number (a scalar constant){tip}")
                 return None
             return Ref("scalar", v)
         if text.startswith("."):
