@@ -16,7 +16,8 @@ TOL = 1e-5          # max|ours - ref| <= TOL * max|ref|
 
 
 def load(name: str, path, variant: str = "tiny"):
-    """(graph, weights) of ``specs/<name>.yaml`` on the HF directory ``path``."""
+    """(graph, weights) of ``specs/<name>.yaml`` on ``path``: an HF directory or any file
+    ``md.load_weights`` reads (a lone ``.safetensors``, a GGUF, a checkpoint)."""
     td = md.load_weights(path, spec=spec_path(name), variant=variant)
     return md.build(spec_path(name), weights=td), td
 

@@ -32,6 +32,11 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
     a patch-embedding conv (a conv filter named ``embed``) N(0, 1 / fan_in) over every
     axis but the first, so a position table beside it is not swamped by the patches;
     other matrices and filters N(0, 1 / n) with n their last axis.
+
+    Only parameters change: buffers (a router's persistent ``expert_bias``, BatchNorm
+    running statistics) keep their values, so draw those in the test where they matter.
+    A tied output head over an N(0, 1) table makes greedy decoding repeat the last
+    token: scale the table (``* 0.1``, as test_gpt2_hf does) before a generation test.
     """
     import math
 
