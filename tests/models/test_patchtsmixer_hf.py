@@ -22,7 +22,7 @@ import pytest
 
 import maxdecl as md
 
-from modelhelp import hf_params, named_outputs, randomize, save_hf, spec_path
+from modelhelp import hf_params, named_outputs, randomize, rel_err, save_hf, spec_path
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -109,15 +109,7 @@ def cases(tmp_path_factory):
     return out
 
 
-def err(got, ref) -> float:
-    """max|got - ref| / max|ref|; an all-zero reference (loc without a std scaler) is
-    compared absolutely. NaN anywhere is an infinite error."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    if not (np.isfinite(got).all() and np.isfinite(ref).all()):
-        return float("inf")
-    peak = np.abs(ref).max()
-    return float(np.abs(got - ref).max() / (peak if peak > 0 else 1.0))
+err = rel_err      # an all-zero reference compares absolutely, NaN is inf
 
 
 def errors(case, values, mask) -> dict:
