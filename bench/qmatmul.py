@@ -1,7 +1,8 @@
 """GEMV speed, by hand: ``python bench/qmatmul.py [--quick] [--threads N] [--cpu-time] [--gemma]``.
 
 For q4_0, q5_0, q8_0, q4_k and q6_k (``--encodings`` takes any of GGML's types here, e.g.
-q5_k,q4_1,q5_1,q3_k) at (N, K) = (262144, 640) (Gemma 3's tied output head) and (4096, 14336), with M = 1 and 8 rows of x: median time of ``qmatmul``
+q5_k,q4_1,q5_1,q3_k,q2_k,iq4_xs) at (N, K) = (262144, 640) (Gemma 3's tied output head)
+and (4096, 14336), with M = 1 and 8 rows of x: median time of ``qmatmul``
 (through the op's run), effective weight bandwidth (packed bytes of W / time) as a
 share of the machine's read bandwidth (a numba parallel sum over 512 MiB of float32,
 measured in the same run), what 8 rows cost against one, and the ratio against numpy's

@@ -1,6 +1,7 @@
 """GEMV for the encodings that have a row decoder but no vector-IR GEMV kernel
-(``block_rows.ROW_LAYOUTS`` minus ``LAYOUTS``: q2_k, q3_k, iq4_*, tq*_0): each thread decodes one weight row at a time into an L1-sized float32
-buffer (exactly, ``_decode_row``) and takes its dot product with every row of x.
+(``block_rows.ROW_LAYOUTS`` minus ``LAYOUTS``: iq4_*, tq*_0): each thread decodes one
+weight row at a time into an L1-sized float32 buffer (exactly, ``_decode_row``) and
+takes its dot product with every row of x.
 
 A row of x meets every weight row through the same loop whatever the number of
 rows with it, so its outputs are bit-identical alone or in a batch. No BLAS call:

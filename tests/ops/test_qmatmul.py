@@ -15,8 +15,9 @@ import maxdecl as md
 from ophelp import packed_blocks
 
 F32 = md.DType.float32
-FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1"]
-ROWS_ONLY = ["q2_k", "q3_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0"]
+FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1", "q3_k", "q2_k"]
+GEMV_ENCODINGS = [e for e in FAST if e != "bf16"]       # the vector-IR kernels
+ROWS_ONLY = ["iq4_nl", "iq4_xs", "tq1_0", "tq2_0"]
 BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
          "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2),
          "q4_1": (32, 20), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
@@ -91,7 +92,7 @@ def _raw_blocks(enc, n, k, rng):
     be, bb = BLOCK[enc]
     raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
     for at in {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q4_1": (0, 2),
-               "q5_1": (0, 2)}.get(enc, (0,)):
+               "q5_1": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}.get(enc, (0,)):
         mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
         raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(n, -1)
@@ -114,10 +115,10 @@ def test_gemv_raw_blocks_gemma_k(enc, n):
     assert (np.abs(out - ref) / np.maximum(scale, 1e-30)).max() <= TOL
 
 
-@pytest.mark.parametrize("enc", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("enc", ["q4_k", "q6_k", "q3_k", "q2_k"])
 @pytest.mark.parametrize("n,k", [(1, 256), (7, 768), (300, 2560)])
 def test_gemv_raw_blocks_k_quants(enc, n, k):
-    """The vector-IR q4_k / q6_k GEMV kernels on raw random super-blocks (every 6-bit
+    """The vector-IR K-quant GEMV kernels on raw random super-blocks (every 6-bit
     scale / min and high-bit pattern, d and dmin of both signs down to subnormals)."""
     from maxdecl.kernels import qmatmul as kq
 
@@ -362,7 +363,7 @@ def _lanes_kernel(enc, lanes, table=None, wrows=1):
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q5_k", "q4_1", "q5_1"])
+@pytest.mark.parametrize("enc", GEMV_ENCODINGS)
 def test_gemv_weight_rows_per_call_do_not_change_bits(enc, lanes):
     """An intrinsic call over 2 or 4 weight rows (sharing each load of x) gives every
     output bit for bit what a call per weight row gives, for 1 to 5 rows of x."""
@@ -382,7 +383,7 @@ def test_gemv_weight_rows_per_call_do_not_change_bits(enc, lanes):
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q5_k", "q4_1", "q5_1"])
+@pytest.mark.parametrize("enc", GEMV_ENCODINGS)
 def test_gemv_lane_widths_match_reference_and_rows(enc, lanes):
     """Both vector widths (16 lanes on AVX-512 CPUs, 8 elsewhere; LLVM lowers either
     anywhere), on raw random blocks with an odd block count: within tolerance of the
@@ -402,6 +403,25 @@ def test_gemv_lane_widths_match_reference_and_rows(enc, lanes):
         one = np.empty((1, 29), np.float32)
         run(x[i:i + 1].copy(), data, one)
         assert one.tobytes() == out[i:i + 1].tobytes(), (enc, lanes, i)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("enc", GEMV_ENCODINGS)
+def test_gemv_decoders_are_exact(enc, lanes):
+    """Against one-hot rows of x each GEMV output is one dequantized weight (every other
+    product is an exact zero), so the vector decoders must give gguf's ``dequantize``
+    exactly, on raw blocks with every code, scale and high-bit pattern."""
+    rng = np.random.default_rng(zlib.crc32(f"exact/{enc}/{lanes}".encode()))
+    be = BLOCK[enc][0]
+    k = be * (3 if be == 32 else 2)
+    data = _raw_blocks(enc, 5, k, rng)
+    want = gq.dequantize(data, getattr(GT, enc.upper()))
+    run = _lanes_kernel(enc, lanes)
+    eye = np.eye(k, dtype=np.float32)
+    got = np.empty((k, 5), np.float32)
+    for i in range(0, k, 8):
+        run(eye[i:i + 8].copy(), data, got[i:i + 8])
+    np.testing.assert_array_equal(got.T, want)
 
 
 @pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k"])
@@ -426,7 +446,7 @@ def test_gemv_table_decoders_equal_plain_decoders(enc):
         assert a.tobytes() == b.tobytes(), (enc, m)
 
 
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "q5_k", "q4_1", "q5_1"])
+@pytest.mark.parametrize("enc", GEMV_ENCODINGS)
 def test_gemv_group_equals_each_weight_alone(enc):
     """``gemv_group`` (fused q/k/v, gate/up) gives each weight's columns bit for bit."""
     from maxdecl.kernels import gemv
