@@ -41,6 +41,8 @@ def _unflatten(x, like, attrs):
         if (x.shape[axis] % known if -1 in sizes else x.shape[axis] != known):
             raise ValueError(f"unflatten: sizes {list(sizes)} do not fit the axis length "
                              f"{x.shape[axis]}")
+        if -1 in sizes and known:      # numpy cannot infer -1 when another axis is empty
+            sizes = tuple(x.shape[axis] // known if v == -1 else v for v in sizes)
     else:
         sizes = tuple(like.shape[a] for a in attrs["like_axes"])
     return x.reshape(x.shape[:axis] + sizes + x.shape[axis + 1:])

@@ -131,13 +131,14 @@ def _attention_run(args, attrs):
     *qb, s, hq, d = q.shape
     t = k.shape[-3]
     batch = tuple(qb)
-    q3 = q.reshape((-1, s, hq, d))
+    nb = math.prod(batch)           # not -1: numpy cannot infer it when S or T is 0
+    q3 = q.reshape((nb, s, hq, d))
     if k.shape[:-3] == batch and v.shape[:-3] == batch:     # the usual case: no broadcast
-        k3 = k.reshape((-1,) + k.shape[-3:])
-        v3 = v.reshape((-1,) + v.shape[-3:])
+        k3 = k.reshape((nb,) + k.shape[-3:])
+        v3 = v.reshape((nb,) + v.shape[-3:])
     else:
-        k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((-1,) + k.shape[-3:])
-        v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((-1,) + v.shape[-3:])
+        k3 = np.broadcast_to(k, batch + k.shape[-3:]).reshape((nb,) + k.shape[-3:])
+        v3 = np.broadcast_to(v, batch + v.shape[-3:]).reshape((nb,) + v.shape[-3:])
     scale = _scale(attrs, d)
     out = kern.attention(q3, k3, v3, scale, attrs["causal"], _window(attrs),
                          attrs["alibi_slopes"], attrs["softcap"], t - s, sinks)
@@ -228,7 +229,7 @@ def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap,
     else:
         scores = scores + mask.astype(np.float32, copy=False)
     scores = np.where(visible, scores, -np.inf).astype(np.float32, copy=False)
-    top = np.max(scores, axis=-1, keepdims=True)
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)   # T may be 0
     sink = None
     if sinks is not None:
         if np.size(sinks) != hq:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops._window import SAME, same_pads
-from ..ops.conv import window_out_size
+from ..ops.conv import window_out
 from ..ops.pool import adaptive_sizes, window
 from . import conv, pool, pool3d
 
@@ -34,8 +34,9 @@ def _run(nd):
         if pad == SAME:
             pad = same_pads(x3.shape[1:4], ks, stride, dil)[2 * (3 - nd):]
         pad = (0, 0) * (3 - nd) + pad
-        outs = tuple(window_out_size(x3.shape[1 + i], ks[i], stride[i], dil[i], pad[2 * i],
-                                     pad[2 * i + 1]) for i in range(3))
+        # a window that does not fit a symbolic dim is an error here, as in torch
+        outs = tuple(window_out(x3.shape[1 + i], ks[i], stride[i], dil[i], pad[2 * i],
+                                pad[2 * i + 1]) for i in range(3))
         out = conv.conv3d_ndhwc(x3, w3, stride, dil, pad, attrs["groups"], outs,
                                 rest[0] if rest else None)
         if nd == 2:
@@ -52,8 +53,8 @@ def _pool_window(x, attrs):
     k, s, d, p = window(attrs, nd)
     if p == SAME:
         p = same_pads(x.shape[1:1 + nd], k, s, d)
-    outs = tuple(window_out_size(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
-                                 attrs["ceil_mode"]) for i in range(nd))
+    outs = tuple(window_out(x.shape[1 + i], k[i], s[i], d[i], p[2 * i], p[2 * i + 1],
+                            attrs["ceil_mode"], what="window") for i in range(nd))
     return k, s, d, p, outs
 
 

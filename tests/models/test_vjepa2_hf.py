@@ -186,9 +186,6 @@ def test_other_frame_counts(case, frames):
     check(f"{name} {frames} frames", got, ref)
 
 
-@pytest.mark.xfail(strict=True, reason="the attention op fails on a 0-token sequence "
-                   "(ValueError: cannot reshape array of size 0 into shape (0, heads, hd)), so "
-                   "zero-length masks cannot stand for skip_predictor=True")
 def test_encoder_only_with_empty_masks(case):
     """Zero-length context and target masks skip the predictor's work (transformers'
     skip_predictor=True): the encoder's output alone, predictor outputs empty."""

@@ -108,6 +108,23 @@ def test_conv_channel_mismatch_message():
         md.ops.conv2d(*g.inputs[:1], np.zeros((11, 3, 5, 2), np.float32))
 
 
+@pytest.mark.parametrize("op", ["conv2d", "max_pool", "avg_pool"])
+def test_window_that_does_not_fit_symbolic_dims_is_reported_at_run(op):
+    """H and W symbolic: a window too large for the input the graph gets is an error when
+    it runs (torch raises too), never an empty output."""
+    g = md.Graph("t", [md.TensorType("float32", (1, "h", "w", 4))])
+    with g.layer("down"):
+        if op == "conv2d":
+            y = md.ops.conv2d(g.inputs[0], np.ones((2, 2, 4, 4), np.float32), stride=(2, 2))
+        else:
+            y = getattr(md.ops, op)(g.inputs[0], kernel_size=(3, 3), stride=(2, 2))
+    g.output(y)
+    assert g.execute(np.ones((1, 5, 4, 4), np.float32))[0].shape[:3] == (1, 2, 2 if op ==
+                                                                               "conv2d" else 1)
+    with pytest.raises(md.GraphError, match=r"down: .*does not fit input size 1"):
+        g.execute(np.ones((1, 1, 6, 4), np.float32))
+
+
 def test_conv2d_float16_keeps_dtype(rng):
     x = rng.standard_normal((1, 5, 5, 3)).astype(np.float16)
     w = rng.standard_normal((3, 3, 3, 2)).astype(np.float16)

@@ -116,3 +116,24 @@ def test_a_mask_of_any_rank_that_broadcasts(rng):
     whole = _run(q, k, v, np.ones((1, 1, 1), bool), causal=False)
     for mask in (np.array(True), np.ones((1,), bool), np.zeros((3,), np.float32)):
         np.testing.assert_allclose(_run(q, k, v, mask, causal=False), whole, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["attention", "masked_attention"])
+@pytest.mark.parametrize("s,t", [(0, 0), (0, 5), (4, 0), (20, 0)])
+def test_empty_queries_or_keys_match_torch(op, s, t):
+    """No queries gives an empty result; no keys gives zeros (torch's SDPA: an empty
+    softmax times an empty V), for the few-row and the general kernel."""
+    rng = np.random.default_rng(s * 31 + t)
+    q = rng.standard_normal((2, s, 2, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, t, 2, 8)).astype(np.float32) for _ in range(2))
+    types = [md.TensorType("float32", (2, n, 2, 8)) for n in ("s", "t", "t")]
+    if op == "masked_attention":
+        types.append(md.TensorType("float32", (2, 1, "s", "t")))
+    g = md.Graph("t", types)
+    with g.layer("attn"):
+        g.output(getattr(md.ops, op)(*g.inputs, causal=False))
+    extra = [np.zeros((2, 1, s, t), np.float32)] if op == "masked_attention" else []
+    out = g.execute(q, k, v, *extra)[0]
+    ref = F.scaled_dot_product_attention(*(torch.from_numpy(a).transpose(1, 2)
+                                           for a in (q, k, v))).transpose(1, 2).numpy()
+    assert out.shape == ref.shape and np.array_equal(out, ref)

@@ -292,6 +292,10 @@ def test_unflatten_by_fixed_sizes_over_static_and_symbolic_axes():
     np.testing.assert_array_equal(out_c, torch.from_numpy(y).unflatten(1, (-1, 4)).numpy())
     with pytest.raises(md.GraphError, match="do not fit the axis length 6"):
         g.execute(x, np.zeros((1, 6, 3), np.float32))
+    empty = np.zeros((1, 4, 0, 3), np.float32)           # another axis empty: -1 still 2
+    g2 = md.Graph("t", [md.TensorType("float32", (1, 4, "n", 3))])
+    g2.output(md.ops.unflatten(g2.inputs[0], axis=1, sizes=[-1, 2]))
+    assert g2.execute(empty)[0].shape == torch.from_numpy(empty).unflatten(1, (-1, 2)).shape
     for kw, match in ((dict(sizes=[-1, -1]), "one of them -1 at most"),
                       (dict(sizes=[4, 4]), "multiply to 16"), (dict(sizes=[0, -1]), "positive"),
                       (dict(), "either the input like with like_axes, or sizes")):
