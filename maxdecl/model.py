@@ -185,12 +185,13 @@ class Model:
         if lookup and sampling["temperature"] != 0:
             raise InputError("lookup decoding is greedy only: use temperature=0")
         emit = on_text if batch or on_text is None else (lambda k, text: on_text(text))
+        if lookup and (self.encoder_decoder or self.session.stateless):
+            raise InputError("lookup decoding is for decoder-only language models with a "
+                             "KV cache (state inputs)")
         if self.encoder_decoder:
-            if lookup:
-                raise InputError("lookup decoding is for decoder-only language models")
             outs = self._generate_seq2seq(requests, emit, prefix)
-        elif len(requests) == 1 and not lookup:
-            outs = self._generate_each(requests, emit, on_prefill)
+        elif (len(requests) == 1 or self.session.stateless) and not lookup:
+            outs = self._generate_each(requests, emit, on_prefill)     # no cache: one by one
         else:
             outs = self._generate_batch(requests, emit, lookup)
         return outs if batch else outs[0]

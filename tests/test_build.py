@@ -379,3 +379,35 @@ outputs: [y]
     bad.write_text(path.read_text().replace("dtype: int64", "dtype: float64"))
     problems = [p.message for p in md.validate_spec(bad)]
     assert any("int8, uint8, int32, int64, bool" in m for m in problems), problems
+
+
+def test_a_weight_stand_in_of_another_shape_under_checkpoint_sizes(tmp_path):
+    """``absent: <weight>`` is checked for every variant; with sizes read from a checkpoint
+    that make the two shapes differ (Marian's separate vocabularies), the weight is just
+    required: the checkpoint holding it builds, one lacking it fails as missing it."""
+    text = (SPECS / "mlp.yaml").read_text().replace(
+        "      weight: [d_out, hidden]\n",
+        "      weight: {shape: [d_out, hidden], absent: tied.weight}\n").replace(
+        "layers:\n  - name: fc1\n",
+        "layers:\n  - name: tied\n    weights: {weight: [d_tied, hidden]}\n  - name: fc1\n",
+        1).replace("    d_out: 8          # output features\n",
+                   "    d_out: 8          # output features\n    d_tied: 8\n").replace(
+        "    d_out: 10\n", "    d_out: 10\n    d_tied: 10\n")
+    path = tmp_path / "mlp_tied.yaml"
+    path.write_text(text)
+    assert md.validate_spec(path) == []
+    spec = md.load_spec(path, "small")
+    rng = np.random.default_rng(0)
+    td = md.random_weights(spec)
+    sized = md.TensorDict({n: rng.standard_normal(
+        (5, *td[n].shape[1:]) if n.startswith("fc2.") else td[n].shape).astype(np.float32)
+        for n in td.keys()})
+    g = md.build(spec, weights=sized, params={"d_out": 5})
+    assert g.execute(np.ones((2, 16), np.float32), weights=sized)[0].shape == (2, 5)
+    del sized["fc2.weight"]
+    with pytest.raises(md.WeightsError, match="1 missing: fc2.weight$"):
+        md.build(spec, weights=sized, params={"d_out": 5})
+    bad = tmp_path / "bad.yaml"                 # a variant where the shapes differ
+    bad.write_text(text.replace("    d_tied: 10\n", "    d_tied: 9\n"))
+    problems = [str(p) for p in md.validate_spec(bad)]
+    assert any("absent: weight 'tied.weight' has shape [9, 256]" in p for p in problems)

@@ -567,8 +567,9 @@ define("take_along_axis", rule=_take_along_rule, run="shape", inputs=("x", "indi
        attrs={"axis": REQUIRED}, kind="shape",
        doc="np.take_along_axis(x, indices, axis): torch.gather(x, axis, indices), one index "
            "list per position of the other axes",
-       rule_doc="indices integer, x's rank; the other axes broadcast; out: those dims with "
-                "indices' size along axis")
+       rule_doc="indices integer, x's rank; the other axes broadcast; out: the broadcast "
+                "of the other axes (indices [B, n, 1] on x [B, N, D] along axis 1 gives "
+                "[B, n, D]), indices' size along axis")
 define("scatter", rule=_scatter_rule, run="scatter", inputs=("x", "indices", "values"),
        attrs={"axis": REQUIRED, "reduce": None, "include_self": True},
        normalize=_normalize_scatter, kind="shape",
@@ -851,7 +852,9 @@ define("select", rule=_select_rule, run="shape", inputs=("cond", "x", "y"), kind
 def gather():  # noqa: A001 - the signature comes from the definition
     """``np.take(x, indices, axis)``: output ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
 
-    Negative indices count from the end; out-of-range indices fail at run time.
+    Negative indices count from the end; out-of-range indices fail at run time. In a
+    spec, a literal int or ``"{expr}"`` as ``indices`` is a 0-d int64 index, which drops
+    the axis (``gather(x, "{k}", axis: 0)`` is ``x[k]``).
     """
 
 

@@ -87,6 +87,10 @@ class BatchRunner:
         if missing:
             raise MaxdeclError(f"{compiled.name}: state inputs {missing} have no output of "
                                "the same name to feed them")
+        if not self._states:
+            raise MaxdeclError(f"{compiled.name}: batched decoding needs the graph's KV "
+                               "caches (state inputs fed back by outputs of the same name); "
+                               "a graph without them generates one sequence at a time")
         self._state_out = {n: outs.index(n) for n in self._states}
         self._types = dict(zip(names, compiled.input_types))
         # a spec that says so, or a state read by plain ops: each sequence of a step alone

@@ -6,7 +6,8 @@ The loop is generic over specs. It relies on the graph's named inputs and output
   optionally ``logit_rows`` (int64 ``[rows]``: which positions get logits);
 * output ``logits`` (``[rows, vocab]``);
 * every other input is state (a KV cache): the output of the same name feeds it on
-  the next step; it starts as zeros with every symbolic dim set to 0.
+  the next step; it starts as zeros with every symbolic dim set to 0. A graph with no
+  state input reruns all the tokens so far at every step (``with_history``).
 
 ``Session`` runs steps through a ``run(*inputs) -> list[np.ndarray]`` callable (the
 compiled graph); ``generate_ids`` is the loop for one sequence. A batched engine
@@ -85,6 +86,29 @@ def is_language_model(input_names, output_names) -> bool:
             and all(n in outs for n in names if n not in STEP_INPUTS))
 
 
+HISTORY = "tokens so far"     # a stateless session's state: the tokens it has run
+
+
+def with_history(session, tokens, start: int, state: dict):
+    """``(tokens to run, how many of them are new, their first position, new state)``.
+    A graph with state inputs runs ``tokens`` at ``start`` (the new state comes from its
+    outputs: None here); a stateless one (no KV cache: transformers' ``use_cache=False``)
+    reruns every token so far from position 0, kept in the state under ``HISTORY``."""
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
+    if not session.stateless:
+        return tokens, tokens.size, start, None
+    so_far = state.get(HISTORY, np.zeros(0, np.int64))[:start]
+    if so_far.size != start:
+        raise MaxdeclError(f"step at position {start} after {so_far.size} tokens")
+    tokens = np.concatenate([so_far, tokens])
+    return tokens, tokens.size - start, 0, {HISTORY: tokens}
+
+
+def logit_rows(n: int, new: int, all_logits: bool) -> np.ndarray:
+    """The ``logit_rows`` input: the last ``new`` rows of ``n``, or the last one."""
+    return np.arange(n - new if all_logits else n - 1, n, dtype=np.int64)
+
+
 class Session:
     """A language-model graph run step by step; ``run(*inputs)`` executes the graph."""
 
@@ -122,17 +146,21 @@ class Session:
                 state[v.name] = np.zeros(shape, v.dtype.numpy)
         return state
 
+    @property
+    def stateless(self) -> bool:
+        """No state input (no KV cache): every step reruns all the tokens so far."""
+        return not self._state_names
+
     def step(self, tokens, start: int, state: dict, all_logits: bool = False):
         """Run ``tokens`` at positions ``start..``; returns (logits, new state)."""
-        tokens = np.asarray(tokens, np.int64)
+        tokens, new, start, history = with_history(self, tokens, start, state)
         feed = {"tokens": tokens, "positions": np.arange(start, start + tokens.size, dtype=np.int64),
-                "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits
-                               else np.array([tokens.size - 1], np.int64)), **state}
+                "logit_rows": logit_rows(tokens.size, new, all_logits), **state}
         outs = self.run(*(feed[n] for n in self._in_names))
         logits = outs[self._logits_index]
-        if "logit_rows" not in self._in_names and not all_logits:
-            logits = logits[-1:]
-        return logits, {n: outs[i] for n, i in self._state_out.items()}
+        if "logit_rows" not in self._in_names:
+            logits = logits[-new:] if all_logits else logits[-1:]
+        return logits, history or {n: outs[i] for n, i in self._state_out.items()}
 
     def prefill(self, ids, chunk: int | None = None, on_progress=None):
         """``step`` over the whole prompt from an empty cache, in chunks of ``chunk``

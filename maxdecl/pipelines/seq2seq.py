@@ -6,7 +6,8 @@ source input named ``enc_*`` (``enc_tokens``: token ids; any other, such as Whis
 ``enc_features``: an array given as the prompt) and it outputs ``logits``;
 ``enc_positions`` and ``dec_positions`` are fed when present (0.. along the source's
 first axis; the decoder's absolute positions), and every other input is a state fed
-back by the output of the same name (the decoder's KV caches). A source mask input
+back by the output of the same name (the decoder's KV caches; with none, every step
+reruns the decoder over all its tokens so far). A source mask input
 (``enc_mask`` or ``enc_attention_mask``, for padded batches) is fed all ones: one
 source has no padding. A spec with a batch axis (``dec_tokens`` declared ``[batch,
 seq]``, the source ``[batch, ...]``) gets a batch of one: the source, dec_tokens (and
@@ -22,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MaxdeclError
-from .generate import Session
+from .generate import Session, logit_rows, with_history
 
 SOURCE_MASKS = ("enc_mask", "enc_attention_mask")
 STEP_INPUTS = ("enc_positions", "dec_tokens", "dec_positions", "logit_rows") + SOURCE_MASKS
@@ -92,7 +93,7 @@ class Seq2SeqSession(Session):
     def step(self, tokens, start: int, state: dict, all_logits: bool = False):
         """Run decoder ``tokens`` at positions ``start..`` over the bound source; returns
         (logits, new state)."""
-        tokens = np.asarray(tokens, np.int64)
+        tokens, new, start, history = with_history(self, tokens, start, state)
         batched = self._batch_dim is not None
         positions = np.arange(start, start + tokens.size, dtype=np.int64)
         if batched and self._types.get("dec_positions") is not None \
@@ -103,16 +104,15 @@ class Seq2SeqSession(Session):
                                            dtype=np.int64),
                 "dec_tokens": tokens[None] if batched else tokens,
                 "dec_positions": positions,
-                "logit_rows": (np.arange(tokens.size, dtype=np.int64) if all_logits
-                               else np.array([tokens.size - 1], np.int64)),
+                "logit_rows": logit_rows(tokens.size, new, all_logits),
                 **self._mask, **state}
         outs = self.run(*(feed[n] for n in self._in_names))
         logits = outs[self._logits_index]
         if batched:
             logits = logits[0]
-        if "logit_rows" not in self._in_names and not all_logits:
-            logits = logits[-1:]
-        return logits, {n: outs[i] for n, i in self._state_out.items()}
+        if "logit_rows" not in self._in_names:
+            logits = logits[-new:] if all_logits else logits[-1:]
+        return logits, history or {n: outs[i] for n, i in self._state_out.items()}
 
 
 def decoder_start(params: dict, spec_name: str) -> int:

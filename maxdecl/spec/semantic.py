@@ -178,6 +178,7 @@ class Expander:
         self.block_rule = check_encodings
         self.variant = variant
         self.env, self.problems = variant_env(spec, variant, overrides)
+        self.from_weights = bool(overrides)     # params read from a checkpoint's config
         self.meter = budgets.meter()
         self.encodings = known_encodings()
         self.steps: list = []
@@ -717,6 +718,9 @@ class Expander:
                               "(a stand-in is a weight declared before this one)")
             return None
         if shape is not None and other.shape and tuple(other.shape) != tuple(shape):
+            if self.from_weights:   # these sizes come from a checkpoint: the weight must
+                self.used_weights.add(name)     # be in it (the load reports it missing)
+                return None
             self.problem(pos, f"absent: weight {name!r} has shape {list(other.shape)}, but "
                               f"{full!r} is {list(shape)}")
             return None

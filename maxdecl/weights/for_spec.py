@@ -217,7 +217,8 @@ def prepare_weights(spec, weights, params: dict) -> TensorDict:
                     if (w.absent is None or w.required) and w.name not in extra]
         weights = remap(weights, dict(section["tensors"]),
                         dict(section.get("transforms") or {}), full, expected=expected,
-                        prefixes=tuple(section.get("prefixes") or ()))
+                        prefixes=tuple(section.get("prefixes") or ()),
+                        known={w.name for w in prog.weights} | set(extra))
     else:                                   # a new dict sharing the arrays (no copies)
         shallow = TensorDict(metadata=copy.deepcopy(dict(weights.metadata)))
         for name, value in weights.items():

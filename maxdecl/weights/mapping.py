@@ -555,7 +555,7 @@ def _fmt_names(names: list[str], limit: int = 5) -> str:
 
 
 def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None = None,
-          expected=None, prefixes=()) -> TensorDict:
+          expected=None, prefixes=(), known=None) -> TensorDict:
     """Rename ``td``'s tensors by the ``tensors`` patterns and apply ``transforms``.
 
     Args:
@@ -565,6 +565,8 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
         transforms: ``{glob on target name: {transform: value, ...}}``.
         params: values for transform parameters given by name (``n_heads``).
         expected: optional target names that must all be produced.
+        known: optional every target name the model has (required or not): a source a
+            pattern maps to any other name is reported as unexpected, with its target.
         prefixes: prefixes a source name may carry before the names ``tensors`` lists
             (``"vision_model."``): a name no entry matches is tried without each, in
             order.
@@ -672,6 +674,9 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
         renamed.setdefault(target, name)
 
     missing = [t for t in (expected or ()) if t not in renamed]
+    if known is not None:       # mapped, but to a name the model has no weight of
+        unexpected += [f"{src} (as {t})" for t, src in renamed.items()
+                       if t not in known]
     if missing or unexpected:
         parts = []
         if missing:

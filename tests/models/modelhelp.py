@@ -22,29 +22,39 @@ def spec_path(name: str) -> str:
 
 
 def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0.2,
-              bias_spread: float = 0.1):
+              bias_spread: float = 0.1, running_stats: bool = False, conv_fan_in: bool = False):
     """Seeded weights that make every parameter matter.
 
     Biases (``*.bias``, of norms and projections): ``bias_spread * N(0, 1)``, small next
     to the gains as in released checkpoints (a final-norm bias near 1 would add one fixed
     vector to every position, and greedy decoding would repeat one token); other 1-D
-    (norm) weights: ``norm_center + norm_spread * N(0, 1)``; embedding tables N(0, 1);
-    a patch-embedding conv (a conv filter named ``embed``) N(0, 1 / fan_in) over every
-    axis but the first, so a position table beside it is not swamped by the patches;
-    other matrices and filters N(0, 1 / n) with n their last axis.
+    (norm) weights: ``norm_center + norm_spread * N(0, 1)``; embedding tables (any other
+    parameter named ``embed`` or ``wte`` that is not a linear or conv weight) N(0, 1);
+    a patch-embedding conv (a conv filter named ``embed``), and every conv filter with
+    ``conv_fan_in=True``, N(0, 1 / fan_in) over every axis but the first (a 1x1 conv's
+    filter otherwise gets N(0, 1), and a softmax after it is nearly one-hot); other
+    matrices and filters N(0, 1 / n) with n their last axis.
 
-    Only parameters change: buffers (a router's persistent ``expert_bias``, BatchNorm
-    running statistics) keep their values, so draw those in the test where they matter.
-    A tied output head over an N(0, 1) table makes greedy decoding repeat the last
-    token: scale the table (``* 0.1``, as test_gpt2_hf does) before a generation test.
+    Only parameters change, every one of them: a frozen parameter the checkpoint does
+    not save (Marian's sinusoidal position table) is overwritten too, so compare with a
+    model reloaded by ``from_pretrained``. Buffers (a router's persistent
+    ``expert_bias``) keep their values; ``running_stats=True`` also draws BatchNorm
+    running means (0.1 N(0, 1)) and variances (U(0.5, 1.5)), which otherwise stay 0 and 1
+    and go untested. A tied output head over an N(0, 1) table makes greedy decoding
+    repeat the last token: scale the table (``* 0.1``, as test_gpt2_hf does) before a
+    generation test (a post-norm model, whose last LayerNorm undoes the scale, may repeat
+    anyway: test generation on an untied case there).
     """
     import math
 
     import torch
 
-    convs = {f"{m_name}.weight" if m_name else "weight"
-             for m_name, m in model.named_modules()
-             if isinstance(m, torch.nn.modules.conv._ConvNd)}
+    def weights_of(kind):
+        return {f"{m_name}.weight" if m_name else "weight"
+                for m_name, m in model.named_modules() if isinstance(m, kind)}
+
+    convs = weights_of(torch.nn.modules.conv._ConvNd)
+    linears = weights_of(torch.nn.Linear)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -54,13 +64,19 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
                 p.copy_(bias_spread * torch.randn(p.shape, generator=gen))
             elif p.ndim == 1:
                 p.copy_(norm_center + norm_spread * torch.randn(p.shape, generator=gen))
-            elif name in convs and ("embed" in name or "wte" in name):
+            elif name in convs and (conv_fan_in or "embed" in name or "wte" in name):
                 fan_in = math.prod(p.shape[1:])
                 p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
-            elif "embed" in name or "wte" in name:
+            elif ("embed" in name or "wte" in name) and name not in linears:
                 p.copy_(torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        if running_stats:
+            for m in model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and \
+                        m.running_mean is not None:
+                    m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=gen))
+                    m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=gen))
     return model.eval()
 
 

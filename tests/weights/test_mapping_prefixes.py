@@ -37,6 +37,18 @@ def test_an_unknown_prefix_is_still_unexpected():
         remap(_td(["audio.post.weight"]), TENSORS, prefixes=("vision_model.",))
 
 
+def test_a_catch_all_target_the_model_lacks_is_unexpected_beside_the_missing():
+    """A ``*`` entry passes ``predictor.mask_tokens`` through, but the model's weight is
+    ``predictor.mask_tokens.weight``: the error lists both sides, so the fix shows."""
+    td = _td(["predictor.mask_tokens", "predictor.fc.weight"])
+    with pytest.raises(WeightsError, match=r"missing 1 \(predictor.mask_tokens.weight\); "
+                                           r"unexpected 1 \(predictor.mask_tokens \(as "
+                                           r"predictor.mask_tokens\)\)"):
+        remap(td, {"predictor.*": "predictor.*"},
+              expected=["predictor.mask_tokens.weight", "predictor.fc.weight"],
+              known={"predictor.mask_tokens.weight", "predictor.fc.weight"})
+
+
 def test_a_conditional_entry_maps_some_indices_and_drops_the_rest():
     """Gemma 3n's shared layers: a checkpoint holds k projections the spec has only for
     the first layers; {name, when} maps those and drops the others, as a null entry."""
