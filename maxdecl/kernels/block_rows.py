@@ -446,7 +446,7 @@ KINDS = {"q4_0": 0, "q5_0": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "bf16": 5,
 # Every kind has an exact row decoder (dequantize, embedding rows, the prefill GEMM);
 # the GEMV kernels (gemv.py) cover GEMV_KINDS, and has_kernel checks those.
 GEMV_KINDS = ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1",
-              "q3_k", "q2_k")
+              "q3_k", "q2_k", "iq4_nl", "iq4_xs")
 # (block_elements, block_bytes) of each kind: GGML's sizes (maxdecl.blocks, the one table)
 ROW_LAYOUTS = {k: GGML_BLOCKS[k] for k in KINDS}
 LAYOUTS = {k: GGML_BLOCKS[k] for k in GEMV_KINDS}

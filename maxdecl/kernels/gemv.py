@@ -451,6 +451,78 @@ def _q2_k_unit(builder, bp, ctx, u, lanes):
     return out
 
 
+# -- iq4_nl / iq4_xs: a 4-bit code indexes GGML's non-linear grid (block_rows.IQ4_GRID);
+# value = d * grid[code] (iq4_xs: d * (scale - 32) * grid[code]), every product exact
+# (11 + 6 + 7 bits), so looking the grid up before or after the scaling is the same number
+_IQ4 = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+
+
+def _grid_lookup(builder, grid, codes, lanes, how=None):
+    """``grid[codes & 15]`` as <lanes x float>: ``grid`` 16 floats (a constant list or a
+    <16 x float> value), ``codes`` <lanes x i32>. AVX-512: one vpermps over 16 entries;
+    AVX2: two 8-entry vpermps and a blend on bit 3 per 8 lanes; elsewhere (or ``how=
+    "select"``) a tree of selects on the code's bits. The same values every way."""
+    how = how or ("permvar" if lanes == 16 and _target_has("avx512f") else
+                  "permps" if _target_has("avx2") else "select")
+    vf16 = ir.VectorType(_IR_F32, 16)
+    table = ir.Constant(vf16, [float(g) for g in grid]) if isinstance(grid, list) else grid
+    if how == "permvar":
+        return _permvar(builder, table, codes)
+    if how == "permps":
+        v8, vi8 = ir.VectorType(_IR_F32, 8), ir.VectorType(_IR_I32, 8)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v8, [v8, vi8]), "llvm.x86.avx2.permps")
+        lo = _ir_pick(builder, table, range(8))
+        hi = _ir_pick(builder, table, range(8, 16))
+        parts = []
+        for c0 in range(0, lanes, 8):
+            c = _ir_pick(builder, codes, range(c0, c0 + 8))
+            top = builder.icmp_unsigned("!=", builder.and_(c, _vi(8, 8)), _vi(8, 0))
+            parts.append(builder.select(top, builder.call(fn, [hi, c]),
+                                        builder.call(fn, [lo, c])))
+        return parts[0] if lanes == 8 else builder.shuffle_vector(
+            parts[0], parts[1], _vi(16, list(range(16))))
+    entries = [builder.shuffle_vector(table, ir.Constant(vf16, ir.Undefined),
+                                      _vi(lanes, e)) for e in range(16)]
+    for bit in range(4):                  # halve the candidates on each bit of the code
+        on = builder.icmp_unsigned("!=", builder.and_(codes, _vi(lanes, 1 << bit)),
+                                   _vi(lanes, 0))
+        entries = [builder.select(on, b, a) for a, b in zip(entries[0::2], entries[1::2])]
+    return entries[0]
+
+
+def _iq4_nl_unit(builder, bp, d, u, lanes):
+    # 18 B: d f16 @0 | qs[16] @2 (q4_0's nibble order); value = d * grid[nibble]
+    return [builder.fmul(d, _grid_lookup(builder, _IQ4, _nibbles(builder, bp, 2, k, lanes),
+                                         lanes)) for k in range(32 // lanes)]
+
+
+def _iq4_xs_prepare(builder, bp, lanes):
+    # 136 B: d f16 @0 | scales_h u16 @2 (2 bits a sub-block) | scales_l[4] @4 (a nibble a
+    # sub-block) | qs[128] @8 -> d * (scale - 32) for the 8 sub-blocks of 32 values
+    d = _ir_splat(builder, _ir_f16(builder, _ir_load(builder, bp, 0, _IR_I32)), 8)
+    sb = _ir_load(builder, bp, 0, ir.VectorType(_IR_I8, 8))
+    v8 = ir.VectorType(_IR_I32, 8)
+    lo = builder.zext(_ir_pick(builder, sb, [4 + i // 2 for i in range(8)]), v8)
+    lo = builder.and_(builder.lshr(lo, _vi(8, [4 * (i % 2) for i in range(8)])), _vi(8, 15))
+    sh = builder.or_(builder.zext(_ir_pick(builder, sb, [2] * 8), v8),
+                     builder.shl(builder.zext(_ir_pick(builder, sb, [3] * 8), v8), _vi(8, 8)))
+    hi = builder.and_(builder.lshr(sh, _vi(8, [2 * i for i in range(8)])), _vi(8, 3))
+    sc = builder.sub(builder.or_(lo, builder.shl(hi, _vi(8, 4))), _vi(8, 32))
+    return builder.fmul(d, _tofloat(builder, sc, 8))
+
+
+def _iq4_xs_unit(builder, bp, dl, u, lanes):
+    # unit u: sub-blocks 2u and 2u + 1, each 16 bytes at 8 + 16 s in iq4_nl's order
+    out = []
+    for s in (2 * u, 2 * u + 1):
+        scale = _ir_lane(builder, dl, s, lanes)
+        out += [builder.fmul(scale, _grid_lookup(
+            builder, _IQ4, _nibbles(builder, bp, 8 + 16 * s, k, lanes), lanes))
+            for k in range(32 // lanes)]
+    return out
+
+
 # -- table decoders (16 lanes, AVX-512): a 4-bit or 5-bit code indexes a per-block table
 # of its dequantized values (vpermps / vpermt2ps read only the index's low 4 / 5 bits),
 # which replaces the per-vector mask, int->float convert and multiply. The table entries
@@ -521,6 +593,27 @@ def _q4_k_unit_t(builder, bp, ctx, u, lanes):
     return out
 
 
+def _iq4_nl_table(builder, bp, lanes):
+    return builder.fmul(_d_at0(builder, bp, 16), ir.Constant(ir.VectorType(_IR_F32, 16),
+                                                              [float(g) for g in _IQ4]))
+
+
+def _iq4_nl_unit_t(builder, bp, table, u, lanes):
+    q = _bytes(builder, bp, 2, 16)                   # low nibbles: values 0-15, high: 16-31
+    return [_permvar(builder, table, q), _permvar(builder, table, builder.lshr(q, _vi(16, 4)))]
+
+
+def _iq4_xs_unit_t(builder, bp, dl, u, lanes):
+    grid = ir.Constant(ir.VectorType(_IR_F32, 16), [float(g) for g in _IQ4])
+    out = []
+    for s in (2 * u, 2 * u + 1):
+        table = builder.fmul(_ir_lane(builder, dl, s, 16), grid)
+        q = _bytes(builder, bp, 8 + 16 * s, 16)
+        out += [_permvar(builder, table, q),
+                _permvar(builder, table, builder.lshr(q, _vi(16, 4)))]
+    return out
+
+
 LAYOUT = {
     "q8_0": _Layout(32, 34, _d_at0, _q8_0_unit, prefetch=16384),
     "q4_0": _Layout(32, 18, _d_at0, _q4_0_unit, prefetch=4096),
@@ -532,11 +625,15 @@ LAYOUT = {
     "q5_1": _Layout(32, 24, _d_m_at0, _q5_1_unit, prefetch=4096),
     "q3_k": _Layout(256, 110, _q3_k_prepare, _q3_k_unit, prefetch=4096),
     "q2_k": _Layout(256, 84, _q2_k_prepare, _q2_k_unit, prefetch=4096),
+    "iq4_nl": _Layout(32, 18, _d_at0, _iq4_nl_unit, prefetch=4096),
+    "iq4_xs": _Layout(256, 136, _iq4_xs_prepare, _iq4_xs_unit, prefetch=4096),
 }
 TABLE_LAYOUT = {     # the 16-lane decoders where a table lookup does the work
     "q4_0": _Layout(32, 18, _q4_0_table, _q4_0_unit_t, prefetch=4096),
     "q5_0": _Layout(32, 22, _q5_0_table, _q5_0_unit_t, prefetch=4096),
     "q4_k": _Layout(256, 144, _q4_k_prepare, _q4_k_unit_t, prefetch=4096),
+    "iq4_nl": _Layout(32, 18, _iq4_nl_table, _iq4_nl_unit_t, prefetch=4096),
+    "iq4_xs": _Layout(256, 136, _iq4_xs_prepare, _iq4_xs_unit_t, prefetch=4096),
 }
 # Software prefetch ahead of the row being read, for weights streamed from DRAM: q8_0 16 KiB
 # (Gemma's tied output head: +15-20%, measured on the earlier 8-lane kernel); q4_0 and
@@ -823,6 +920,8 @@ _row_q4_1 = row_intrinsic("q4_1")
 _row_q5_1 = row_intrinsic("q5_1")
 _row_q3_k = row_intrinsic("q3_k")
 _row_q2_k = row_intrinsic("q2_k")
+_row_iq4_nl = row_intrinsic("iq4_nl")
+_row_iq4_xs = row_intrinsic("iq4_xs")
 # q4_k with one row of x takes two weight rows per call: four accumulator chains, one
 # load of x for both. Measured, 2 threads, variants interleaved in one process (GB/s of
 # W): 4096 x 14336 22.6 -> 27.8, 262144 x 768 19.9 -> 23.9. The other encodings measured
@@ -951,6 +1050,20 @@ def _group_q2_k(x, ws, offs, out):
 
 
 @numba.njit(cache=CACHE, parallel=True)
+def _group_iq4_nl(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_iq4_nl(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group_iq4_xs(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_iq4_xs(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
 def _tiled_q5_0(x, ws, offs, out, chunk):
     nb = x.shape[1] // 32
     for t in numba.prange(_blocks(offs, TILE_ROWS)):
@@ -1009,7 +1122,7 @@ def _segment(offs, c):
 GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,
               "q4_k": _group_q4_k, "q6_k": _group_q6_k, "q5_k": _group_q5_k,
               "q4_1": _group_q4_1, "q5_1": _group_q5_1, "q3_k": _group_q3_k,
-              "q2_k": _group_q2_k}
+              "q2_k": _group_q2_k, "iq4_nl": _group_iq4_nl, "iq4_xs": _group_iq4_xs}
 GEMV_TILED = {"q5_0": _tiled_q5_0, "q8_0": _tiled_q8_0, "q4_k": _tiled_q4_k}
 _BLOCK_VALUES = {"q5_0": 32, "q8_0": 32, "q4_k": 256}
 

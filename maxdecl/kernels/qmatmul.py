@@ -12,7 +12,7 @@ Two paths, chosen by the number of activation rows M:
   once into transposed panels, with an outer-product micro-kernel in LLVM vector IR
   (8 x 32 with 16 lanes on AVX-512, 4 x 16 with 8 lanes otherwise).
 * Encodings with an exact row decoder but no GEMV kernel (``block_rows.ROW_LAYOUTS``:
-  iq4_nl, iq4_xs, tq1_0, tq2_0) take the GEMM for
+  tq1_0, tq2_0) take the GEMM for
   prefill and ``rows_gemv`` (a row decoded into L1, then its dot with each row of x)
   for up to ``GEMV_MAX_ROWS`` rows.
 * Encodings without kernels go through ``tiled_matmul``: their own

@@ -1,5 +1,5 @@
 """GEMV for the encodings that have a row decoder but no vector-IR GEMV kernel
-(``block_rows.ROW_LAYOUTS`` minus ``LAYOUTS``: iq4_*, tq*_0): each thread decodes one
+(``block_rows.ROW_LAYOUTS`` minus ``LAYOUTS``: tq1_0, tq2_0): each thread decodes one
 weight row at a time into an L1-sized float32 buffer (exactly, ``_decode_row``) and
 takes its dot product with every row of x.
 

@@ -15,9 +15,10 @@ import maxdecl as md
 from ophelp import packed_blocks
 
 F32 = md.DType.float32
-FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1", "q3_k", "q2_k"]
+FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1", "q3_k", "q2_k",
+        "iq4_nl", "iq4_xs"]
 GEMV_ENCODINGS = [e for e in FAST if e != "bf16"]       # the vector-IR kernels
-ROWS_ONLY = ["iq4_nl", "iq4_xs", "tq1_0", "tq2_0"]
+ROWS_ONLY = ["tq1_0", "tq2_0"]
 BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
          "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2),
          "q4_1": (32, 20), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
@@ -129,6 +130,48 @@ def test_gemv_raw_blocks_k_quants(enc, n, k):
     ref, scale = _reference(x, data, enc)
     assert out.shape == (1, n) and out.dtype == np.float32
     assert (np.abs(out - ref) / np.maximum(scale, 1e-30)).max() <= TOL
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("how", ["permvar", "permps", "select"])
+def test_iq4_grid_lookup_every_way(how, lanes):
+    """The iq4 decoders' lookup of GGML's grid by a 4-bit code (AVX-512 vpermps, AVX2
+    vpermps and a blend, a select tree elsewhere) reads only the code's low 4 bits and
+    gives the grid's values, for codes with junk in their upper bits."""
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    from maxdecl.kernels import gemv
+    from maxdecl.kernels.block_rows import IQ4_GRID
+
+    need = {"permvar": "avx512f", "permps": "avx2"}.get(how)
+    if (need and not gemv._target_has(need)) or (how == "permvar" and lanes != 16):
+        pytest.skip(f"{how} needs {need or 'AVX-512'} and 16 lanes")
+
+    @intrinsic
+    def look(typingctx, codes, out):
+        def codegen(context, builder, sig, args):
+            vi = ir.VectorType(ir.IntType(32), lanes)
+            ca = context.make_array(sig.args[0])(context, builder, args[0])
+            oa = context.make_array(sig.args[1])(context, builder, args[1])
+            c = builder.load(builder.bitcast(ca.data, vi.as_pointer()), align=4)
+            v = gemv._grid_lookup(builder, gemv._IQ4, c, lanes, how=how)
+            builder.store(v, builder.bitcast(oa.data, v.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(codes, out), codegen
+
+    @numba.njit
+    def run(codes, out):
+        look(codes, out)
+
+    rng = np.random.default_rng(lanes)
+    for _ in range(8):
+        codes = rng.integers(0, 1 << 16, lanes).astype(np.int32)
+        out = np.empty(lanes, np.float32)
+        run(codes, out)
+        np.testing.assert_array_equal(out, IQ4_GRID[codes & 15])
 
 
 @pytest.mark.parametrize("soft", [False, True])
@@ -424,7 +467,7 @@ def test_gemv_decoders_are_exact(enc, lanes):
     np.testing.assert_array_equal(got.T, want)
 
 
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k"])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k", "iq4_nl", "iq4_xs"])
 def test_gemv_table_decoders_equal_plain_decoders(enc):
     """The 16-lane table decoders (a code indexes a per-block table of dequantized values)
     give bit for bit the plain decoders' outputs, on raw blocks with every code and
