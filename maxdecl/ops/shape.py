@@ -101,15 +101,16 @@ def _concat_rule(inputs, attrs):
     axis = _checks.valid_axis(attrs["axis"], rank)
     out = []
     for i in range(rank):
-        dims = [v.shape[i] for v in inputs]
+        ds = [v.shape[i] for v in inputs]
         if i == axis:
-            out.append(_checks.add_dims(*dims))
+            out.append(_checks.add_dims(*ds))
             continue
-        ints = {d for d in dims if isinstance(d, int)}
-        if len(ints) > 1 or (not ints and len(set(dims)) > 1):
+        ints = {d for d in ds if isinstance(d, int)}
+        # dims over different names may be equal (2*win(h) and win(h2)): checked at run
+        if len(ints) > 1 or any(dims.differ(d, e) for d in ds for e in ds):
             raise ValueError(f"concat on axis {axis}: dim {i} differs: "
                              + ", ".join(str(v.type) for v in inputs))
-        out.append(ints.pop() if ints else dims[0])
+        out.append(ints.pop() if ints else ds[0])
     return [TensorType(dtype, tuple(out))]
 
 

@@ -91,7 +91,11 @@ def _to_problems(err, marks) -> list[RawProblem]:
                    f"{', '.join(map(str, err.validator_value))}){_close(bad, err.validator_value)}"
                    if err.validator == "enum" else
                    f"invalid name {bad!r}: expected letters, digits and _, not starting "
-                   "with a digit")
+                   "with a digit" + (
+                       f" (a weight under a sub-path: declare it in a weights-only child "
+                       f"layer `{bad.rsplit('.', 1)[0]}` as `{bad.rsplit('.', 1)[1]}`)"
+                       if "weights" in [str(p) for p in err.absolute_path] and "." in bad
+                       else ""))
         return [_at(list(err.absolute_path) + [bad], message, marks, key=True)]
     return [_at(err.absolute_path, _message(err), marks)]
 

@@ -876,7 +876,10 @@ class Expander:
             if not _is_num(v):
                 tip = (f" (a value or weight named by a param is text around the "
                        f"braces: \"{{pre}}.weight\", not \"{{name}}\")"
-                       if isinstance(v, str) else "")
+                       if isinstance(v, str) else
+                       " (for a condition known from the params, a constant of dtype bool, "
+                       "or a 0/1 `repeat:` on the op that needs it)" if isinstance(v, bool)
+                       else "")
                 self.problem(pos, f"{text!r} evaluates to {v!r}; an op input expression "
                                   f"must give a number (a scalar constant){tip}")
                 return None
