@@ -443,10 +443,10 @@ def _dec_tq2_0(w, dst):
 KINDS = {"q4_0": 0, "q5_0": 1, "q8_0": 2, "q4_k": 3, "q6_k": 4, "bf16": 5,
          "q4_1": 6, "q5_1": 7, "q2_k": 8, "q3_k": 9, "q5_k": 10, "iq4_nl": 11,
          "iq4_xs": 12, "tq1_0": 13, "tq2_0": 14}
-# Every kind has an exact row decoder (dequantize, embedding rows, the prefill GEMM);
-# the GEMV kernels (gemv.py) cover GEMV_KINDS, and has_kernel checks those.
+# Every kind has an exact row decoder (dequantize, embedding rows, the prefill GEMM)
+# and a GEMV kernel (gemv.py; GEMV_KINDS, which has_kernel checks, lists them all).
 GEMV_KINDS = ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1",
-              "q3_k", "q2_k", "iq4_nl", "iq4_xs")
+              "q3_k", "q2_k", "iq4_nl", "iq4_xs", "tq2_0", "tq1_0")
 # (block_elements, block_bytes) of each kind: GGML's sizes (maxdecl.blocks, the one table)
 ROW_LAYOUTS = {k: GGML_BLOCKS[k] for k in KINDS}
 LAYOUTS = {k: GGML_BLOCKS[k] for k in GEMV_KINDS}

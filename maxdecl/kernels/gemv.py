@@ -523,6 +523,54 @@ def _iq4_xs_unit(builder, bp, dl, u, lanes):
     return out
 
 
+# -- tq2_0 / tq1_0 (ternary: value = d * (digit - 1), exact) ------------------------------
+def _d_at(off):
+    def prepare(builder, bp, lanes):
+        # the fp16 d at ``off``, read as the top half of the word at off - 2 (inside the block)
+        word = builder.lshr(_ir_load(builder, bp, off - 2, _IR_I32), _ir_const(_IR_I32, 16))
+        return _ir_splat(builder, _ir_f16(builder, word), lanes)
+    return prepare
+
+
+def _tq2_0_unit(builder, bp, d, u, lanes):
+    # 66 B: qs[64] @0 | d @64; value 128g + 32s + l = ((qs[32g + l] >> 2s) & 3) - 1
+    out = []
+    for k in range(UNIT // lanes):
+        w = 64 * u + lanes * k
+        g, s, l0 = w // 128, (w % 128) // 32, w % 32
+        q = builder.and_(builder.lshr(_bytes(builder, bp, 32 * g + l0, lanes),
+                                      _vi(lanes, 2 * s)), _vi(lanes, 3))
+        out.append(builder.fmul(d, _tofloat(builder, builder.sub(q, _vi(lanes, 1)), lanes)))
+    return out
+
+
+def _trits(builder, v, pw, lanes):
+    """Base-3 digit of the bytes ``v`` (<lanes x i32>) at the per-lane powers ``pw``:
+    ``((v * 3^n mod 256) * 3) >> 8`` (GGML's tq1_0 packing)."""
+    v = builder.and_(builder.mul(v, _vi(lanes, pw)), _vi(lanes, 255))
+    return builder.lshr(builder.mul(v, _vi(lanes, 3)), _vi(lanes, 8))
+
+
+def _tq1_0_unit(builder, bp, d, u, lanes):
+    # 54 B: qs[48] @0 | qh[4] @48 | d @52. Digit n of qs[l] (l < 32) is value 32n + l, of
+    # qs[32 + l] (l < 16) value 160 + 16n + l, of qh[l] (n < 4) value 240 + 4n + l
+    out = []
+    for k in range(UNIT // lanes):
+        w = 64 * u + lanes * k
+        if w < 160:
+            q = _trits(builder, _bytes(builder, bp, w % 32, lanes), 3 ** (w // 32), lanes)
+        elif w < 240:
+            q = _trits(builder, _bytes(builder, bp, 32 + (w - 160) % 16, lanes),
+                       3 ** ((w - 160) // 16), lanes)
+        else:
+            qh = _bytes(builder, bp, 48, 4)
+            lane = [(w - 240 + i) for i in range(lanes)]
+            q = _trits(builder, _ir_pick(builder, qh, [v % 4 for v in lane]),
+                       [3 ** (v // 4) for v in lane], lanes)
+        out.append(builder.fmul(d, _tofloat(builder, builder.sub(q, _vi(lanes, 1)), lanes)))
+    return out
+
+
 # -- table decoders (16 lanes, AVX-512): a 4-bit or 5-bit code indexes a per-block table
 # of its dequantized values (vpermps / vpermt2ps read only the index's low 4 / 5 bits),
 # which replaces the per-vector mask, int->float convert and multiply. The table entries
@@ -627,6 +675,8 @@ LAYOUT = {
     "q2_k": _Layout(256, 84, _q2_k_prepare, _q2_k_unit, prefetch=4096),
     "iq4_nl": _Layout(32, 18, _d_at0, _iq4_nl_unit, prefetch=4096),
     "iq4_xs": _Layout(256, 136, _iq4_xs_prepare, _iq4_xs_unit, prefetch=4096),
+    "tq2_0": _Layout(256, 66, _d_at(64), _tq2_0_unit, prefetch=4096),
+    "tq1_0": _Layout(256, 54, _d_at(52), _tq1_0_unit, prefetch=4096),
 }
 TABLE_LAYOUT = {     # the 16-lane decoders where a table lookup does the work
     "q4_0": _Layout(32, 18, _q4_0_table, _q4_0_unit_t, prefetch=4096),
@@ -922,6 +972,8 @@ _row_q3_k = row_intrinsic("q3_k")
 _row_q2_k = row_intrinsic("q2_k")
 _row_iq4_nl = row_intrinsic("iq4_nl")
 _row_iq4_xs = row_intrinsic("iq4_xs")
+_row_tq2_0 = row_intrinsic("tq2_0")
+_row_tq1_0 = row_intrinsic("tq1_0")
 # q4_k with one row of x takes two weight rows per call: four accumulator chains, one
 # load of x for both. Measured, 2 threads, variants interleaved in one process (GB/s of
 # W): 4096 x 14336 22.6 -> 27.8, 262144 x 768 19.9 -> 23.9. The other encodings measured
@@ -1064,6 +1116,20 @@ def _group_iq4_xs(x, ws, offs, out):
 
 
 @numba.njit(cache=CACHE, parallel=True)
+def _group_tq2_0(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_tq2_0(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group_tq1_0(x, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        g = _segment(offs, c)
+        _row_tq1_0(ws[g], c - offs[g], x, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
 def _tiled_q5_0(x, ws, offs, out, chunk):
     nb = x.shape[1] // 32
     for t in numba.prange(_blocks(offs, TILE_ROWS)):
@@ -1122,7 +1188,8 @@ def _segment(offs, c):
 GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,
               "q4_k": _group_q4_k, "q6_k": _group_q6_k, "q5_k": _group_q5_k,
               "q4_1": _group_q4_1, "q5_1": _group_q5_1, "q3_k": _group_q3_k,
-              "q2_k": _group_q2_k, "iq4_nl": _group_iq4_nl, "iq4_xs": _group_iq4_xs}
+              "q2_k": _group_q2_k, "iq4_nl": _group_iq4_nl, "iq4_xs": _group_iq4_xs,
+              "tq2_0": _group_tq2_0, "tq1_0": _group_tq1_0}
 GEMV_TILED = {"q5_0": _tiled_q5_0, "q8_0": _tiled_q8_0, "q4_k": _tiled_q4_k}
 _BLOCK_VALUES = {"q5_0": 32, "q8_0": 32, "q4_k": 256}
 

@@ -11,10 +11,8 @@ Two paths, chosen by the number of activation rows M:
   the rows equal ``dequantize`` bit for bit) and multiplies them against x, packed
   once into transposed panels, with an outer-product micro-kernel in LLVM vector IR
   (8 x 32 with 16 lanes on AVX-512, 4 x 16 with 8 lanes otherwise).
-* Encodings with an exact row decoder but no GEMV kernel (``block_rows.ROW_LAYOUTS``:
-  tq1_0, tq2_0) take the GEMM for
-  prefill and ``rows_gemv`` (a row decoded into L1, then its dot with each row of x)
-  for up to ``GEMV_MAX_ROWS`` rows.
+* Every GGML type with a row decoder (``block_rows.ROW_LAYOUTS``: all of
+  ``block_rows.KINDS``) has both paths.
 * Encodings without kernels go through ``tiled_matmul``: their own
   ``dequantize`` on a tile of rows (about ``TILE_BYTES``), then BLAS.
 
@@ -103,11 +101,6 @@ def qmatmul_blocks(x2: np.ndarray, w: np.ndarray, encoding: str) -> np.ndarray:
     n = w.shape[0]
     out = np.empty((x2.shape[0], n), np.float32)
     if x2.shape[0] <= GEMV_MAX_ROWS:                # decode, batched decode, lookup verify
-        if encoding not in LAYOUTS:                 # a row decoder only
-            from .rows_gemv import rows_gemv
-
-            rows_gemv(x2, w, encoding, out)
-            return out
         gemv(x2, w.view(np.uint16) if encoding == "bf16" else w, encoding, out)
         return out
     gemm(KINDS[encoding], x2, w, out)

@@ -16,9 +16,8 @@ from ophelp import packed_blocks
 
 F32 = md.DType.float32
 FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1", "q3_k", "q2_k",
-        "iq4_nl", "iq4_xs"]
+        "iq4_nl", "iq4_xs", "tq2_0", "tq1_0"]
 GEMV_ENCODINGS = [e for e in FAST if e != "bf16"]       # the vector-IR kernels
-ROWS_ONLY = ["tq1_0", "tq2_0"]
 BLOCK = {"q4_0": (32, 18), "q5_0": (32, 22), "q8_0": (32, 34),
          "q4_k": (256, 144), "q6_k": (256, 210), "bf16": (1, 2),
          "q4_1": (32, 20), "q5_1": (32, 24), "q2_k": (256, 84), "q3_k": (256, 110),
@@ -42,7 +41,7 @@ def _run(x, qt):
 
 
 @pytest.mark.parametrize("m", [1, 3, 17])
-@pytest.mark.parametrize("enc", FAST + ROWS_ONLY)
+@pytest.mark.parametrize("enc", FAST)
 def test_matches_gguf_reference(enc, m):
     rng = np.random.default_rng(zlib.crc32(f"{enc}/{m}".encode()))
     be = BLOCK[enc][0]
@@ -59,7 +58,7 @@ def test_matches_gguf_reference(enc, m):
     assert bound <= TOL, f"{enc} M={m}: error {bound:.2e} of |x||W| (max rel {rel:.2e})"
 
 
-@pytest.mark.parametrize("enc", FAST + ROWS_ONLY)
+@pytest.mark.parametrize("enc", FAST)
 def test_many_tiles_and_leading_dims(enc, monkeypatch):
     from maxdecl.kernels import qmatmul as kq
 
@@ -93,7 +92,8 @@ def _raw_blocks(enc, n, k, rng):
     be, bb = BLOCK[enc]
     raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
     for at in {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q4_1": (0, 2),
-               "q5_1": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}.get(enc, (0,)):
+               "q5_1": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "tq2_0": (64,),
+               "tq1_0": (52,)}.get(enc, (0,)):
         mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
         raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(n, -1)
@@ -555,19 +555,11 @@ def test_gemv_prefetch_locality_follows_the_cpu(monkeypatch, cpu, locality):
     assert gemv.prefetch_locality() == locality
 
 
-@pytest.mark.parametrize("enc", ROWS_ONLY)
-def test_row_decoder_encodings_give_each_row_its_solo_bits(enc):
-    """The encodings with a row decoder and no GEMV kernel (tiled decode, then one
-    matrix-vector product per row of x): every row of a 2-8 row call equals that row
-    run alone, bit for bit, so a sequence decoded in a batch gets its solo logits."""
-    from maxdecl.kernels import qmatmul as kq
+def test_every_ggml_type_has_a_gemv_kernel():
+    """Each encoding with a row decoder also has a vector-IR GEMV (bf16: its own loop),
+    so decode never falls back to a row-at-a-time product."""
+    from maxdecl.kernels import block_rows, gemv
 
-    rng = np.random.default_rng(zlib.crc32(f"solo/{enc}".encode()))
-    k = BLOCK[enc][0] * (3 if BLOCK[enc][0] == 256 else 12)
-    data = packed_blocks(enc, 37, k, rng)
-    x = rng.standard_normal((8, k)).astype(np.float32)
-    for m in (2, 5, 8):
-        many = kq.qmatmul_blocks(x[:m], data, enc)
-        for i in range(m):
-            one = kq.qmatmul_blocks(x[i:i + 1].copy(), data, enc)
-            assert one.tobytes() == many[i:i + 1].tobytes(), (enc, m, i)
+    assert set(block_rows.LAYOUTS) == set(block_rows.ROW_LAYOUTS) == set(block_rows.KINDS)
+    assert set(gemv.GEMV_GROUP) | {"bf16"} == set(block_rows.KINDS)
+    assert set(FAST) == set(block_rows.KINDS)
