@@ -319,9 +319,6 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
         model = md.load_model("specs/gemma3.yaml", weights="gemma-3-270m.gguf")
         model.params["n_layers"]      # 18
     """
-    from .pipelines import warmup
-
-    warmup.start()              # numba's fixed start-up beside the loading below
     from .builder import build
     from .pipelines.model_loading import open_weights
     from .spec import Spec, load_spec
