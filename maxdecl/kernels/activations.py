@@ -1,4 +1,5 @@
-"""Activation kernels: silu, gelu (erf), gelu_tanh, erf, flat and parallel over elements."""
+"""Activation kernels: silu, gelu (erf), gelu_tanh, erf, lgamma, flat and parallel over
+elements."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def _erf(x, out):
         out[i] = math.erf(np.float64(x[i]))
 
 
+@njit_twins()
+def _lgamma(x, out):
+    # log |Gamma(x)| in float64, rounded once to x's float type (inf at the poles)
+    for i in numba.prange(x.size):
+        out[i] = math.lgamma(np.float64(x[i]))
+
+
 @njit_twins(error_model="numpy")
 def _gelu_tanh(x, out):
     # 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as x * sigmoid(2u)
@@ -66,6 +74,11 @@ def gelu(x):
 def erf(x):
     """The error function (torch.erf), computed in float64."""
     return _apply(_erf, x)
+
+
+def lgamma(x):
+    """log |Gamma(x)| (torch.lgamma), computed in float64."""
+    return _apply(_lgamma, x)
 
 
 def gelu_tanh(x):

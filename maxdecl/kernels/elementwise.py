@@ -116,6 +116,7 @@ RUN = {
     "sigmoid": _unary(_sigmoid),
     "silu": _activation("silu"), "gelu": _activation("gelu"),
     "gelu_tanh": _activation("gelu_tanh"), "erf": _activation("erf"),
+    "lgamma": _activation("lgamma"),
     "activation": lambda args, attrs: [np.asarray(ACTIVATION[attrs["kind"]](args[0]))],
     "equal": _binary(np.equal), "not_equal": _binary(np.not_equal),
     "greater": _binary(np.greater), "greater_equal": _binary(np.greater_equal),

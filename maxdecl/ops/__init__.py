@@ -26,7 +26,7 @@ from .elementwise import (abs, activation, add, cast, clamp, div, exp, gelu, gel
                           sub, tanh, sin, cos, equal, not_equal, greater, greater_equal, less,
                           less_equal, logical_and, logical_or, logical_not, expm1, log1p,
                           floor, ceil, round, sign, mod, glu, log2, log10, exp2, tan, atan,
-                          logsigmoid, erf, leaky_relu)
+                          logsigmoid, erf, lgamma, leaky_relu)
 from .linalg import einsum, linear, matmul, qmatmul
 from .reduction import *  # noqa: F403
 from .shape import *  # noqa: F403

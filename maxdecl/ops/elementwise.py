@@ -66,7 +66,7 @@ LOGICAL = {"logical_and": ("x", "y"), "logical_or": ("x", "y"), "logical_not": (
 UNARY = ("neg", "abs", "relu")
 FLOAT_UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh",
                "sin", "cos", "expm1", "log1p", "floor", "ceil", "round", "sign", "log2", "log10",
-               "exp2", "tan", "atan", "logsigmoid", "erf")
+               "exp2", "tan", "atan", "logsigmoid", "erf", "lgamma")
 
 _BINARY_DOC = {
     "div": "elementwise x / y with NumPy broadcasting; integers divide with floor (Python's "
@@ -106,6 +106,9 @@ _FLOAT_UNARY_DOC = {
     "exp2": "elementwise 2 ** x (torch.exp2)",
     "tan": "elementwise tangent (radians)",
     "atan": "elementwise arctangent in radians (torch.atan)",
+    "lgamma": "elementwise log |Gamma(x)| (torch.lgamma; computed in float64, rounded once; "
+              "inf at 0 and the negative integers): the Student-t, negative-binomial and "
+              "gamma log-likelihoods of a distribution head",
     "erf": "elementwise error function, 2 / sqrt(pi) times the integral of exp(-t^2) from 0 "
            "to x (torch.erf; computed in float64, rounded once)",
     "logsigmoid": "elementwise log(sigmoid(x)) = -logaddexp(0, -x), no overflow "
@@ -217,7 +220,7 @@ neg, abs, relu = (public_op(n) for n in UNARY)  # noqa: A001
 equal, not_equal, greater, greater_equal, less, less_equal = (public_op(n) for n in COMPARE)
 logical_and, logical_or, logical_not = (public_op(n) for n in LOGICAL)
 (exp, log, sqrt, rsqrt, tanh, sigmoid, silu, gelu, gelu_tanh, sin, cos, expm1, log1p,
- floor, ceil, round, sign, log2, log10, exp2, tan, atan, logsigmoid, erf) = (
+ floor, ceil, round, sign, log2, log10, exp2, tan, atan, logsigmoid, erf, lgamma) = (
     public_op(n) for n in FLOAT_UNARY)  # noqa: A001
 activation = public_op(
     "activation",

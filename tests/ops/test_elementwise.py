@@ -13,7 +13,7 @@ UNARY = {
     "sin": torch.sin, "cos": torch.cos, "expm1": torch.expm1, "log1p": torch.log1p,
     "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "sign": torch.sign,
     "log2": torch.log2, "log10": torch.log10, "exp2": torch.exp2, "tan": torch.tan,
-    "atan": torch.atan, "logsigmoid": F.logsigmoid, "erf": torch.erf,
+    "atan": torch.atan, "logsigmoid": F.logsigmoid, "erf": torch.erf, "lgamma": torch.lgamma,
 }
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
           "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum,
@@ -218,3 +218,13 @@ def test_leaky_relu_matches_torch(rng, slope):
     x[0, :3] = [0.0, -0.0, np.inf]
     out = run_op(lambda v: md.ops.leaky_relu(v, negative_slope=slope), x)
     np.testing.assert_array_equal(out, F.leaky_relu(torch.from_numpy(x), slope).numpy())
+
+
+def test_lgamma_poles_and_specials_match_torch():
+    """lgamma at the poles (0 and the negative integers: inf), near them, at inf and NaN,
+    and far out (1e30), as torch.lgamma gives them."""
+    x = np.array([0.0, -0.0, -1.0, -7.0, -0.5, -1e-6, 1e-8, 1.0, 2.0, 3.5, 40.0, 1e30, -3.3,
+                  np.inf, -np.inf, np.nan], np.float32)
+    out = run_op(md.ops.lgamma, x)
+    np.testing.assert_allclose(out, torch.lgamma(torch.from_numpy(x)).numpy(), rtol=1e-6,
+                               atol=1e-6)
