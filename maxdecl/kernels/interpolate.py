@@ -64,14 +64,56 @@ def _taps(mode, n_in, n_out, factor, align_corners):
     return [(np.clip(i - 1 + k, 0, last), w) for k, w in enumerate(weights)]
 
 
+AA_CUBIC_A = -0.5          # the antialiased bicubic filter's a (PIL's, torch's)
+
+
+def _aa_filter(mode, x):
+    """The antialiasing filter at float64 offsets ``x``: a triangle (linear) or the cubic
+    convolution kernel with a = -0.5, rounded once to float32."""
+    x = np.abs(x)
+    if mode == "linear":
+        return np.where(x < 1.0, 1.0 - x, 0.0).astype(_F)
+    a = AA_CUBIC_A
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0)).astype(_F)
+
+
+def _taps_aa(mode, n_in, n_out, factor):
+    """torch's antialiased resampling (``antialias=True``): output i averages the inputs
+    under the filter stretched by the scale when it shrinks (support ``scale`` for
+    linear, ``2 scale`` for cubic, each tap weighted at its distance / scale from the
+    centre ``scale (i + 0.5)``), the weights normalised to sum 1; a tap past ``xsize``
+    weighs nothing. Returned as tap lists with a validity mask."""
+    scale = _step(n_in, n_out, factor, False)
+    half = 1.0 if mode == "linear" else 2.0
+    support = _F(half * scale) if scale >= 1 else _F(half)
+    invscale = _F(1.0 / float(scale)) if scale >= 1 else _F(1)
+    center = (np.float64(scale) * (np.arange(n_out) + 0.5)).astype(_F)
+    xmin = np.maximum((center - np.float64(support) + 0.5).astype(np.int64), 0)
+    xsize = np.minimum((center + np.float64(support) + 0.5).astype(np.int64), n_in) - xmin
+    taps = int(xsize.max())
+    weights = [_aa_filter(mode, ((j + xmin) - center.astype(np.float64) + 0.5)
+                          * np.float64(invscale)) for j in range(taps)]
+    valid = [j < xsize for j in range(taps)]
+    total = np.zeros(n_out, _F)
+    for w, ok in zip(weights, valid):
+        total = (total + np.where(ok, w, _F(0))).astype(_F)
+    norm = np.where(total != 0, total, _F(1))
+    return [(np.minimum(j + xmin, n_in - 1), np.where(ok, w / norm, _F(0)).astype(_F), ok)
+            for j, (w, ok) in enumerate(zip(weights, valid))]
+
+
 def _along(x, axis, taps):
     shape = [1] * x.ndim
     shape[axis] = -1
     out = None
-    for idx, w in taps:
+    for idx, w, *ok in taps:
         term = np.take(x, idx, axis=axis)
         if w is not None:
             term = term * w.reshape(shape)
+        if ok:                          # an antialiasing tap past the window adds nothing
+            term = np.where(ok[0].reshape(shape), term, _F(0))
         out = term if out is None else out + term
     return out
 
@@ -96,7 +138,9 @@ def _run(args, attrs):
         if n_in < 1 or n_out < 1:
             raise ValueError(f"interpolate of an axis of {n_in} samples to {n_out}: both "
                              f"must be at least 1")
-        y = _along(y, ax, _taps(attrs["mode"], n_in, n_out, factor, attrs["align_corners"]))
+        taps = (_taps_aa(attrs["mode"], n_in, n_out, factor) if attrs.get("antialias")
+                else _taps(attrs["mode"], n_in, n_out, factor, attrs["align_corners"]))
+        y = _along(y, ax, taps)
     return [np.ascontiguousarray(y, dtype=x.dtype)]
 
 

@@ -45,7 +45,11 @@ def _normalize(a):
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if a["align_corners"] and mode not in ("linear", "cubic"):
         raise ValueError(f"align_corners applies to modes linear and cubic, not {mode!r}")
+    if a["antialias"] and (mode not in ("linear", "cubic") or a["align_corners"]):
+        raise ValueError(f"antialias applies to modes linear and cubic without align_corners, "
+                         f"not mode {mode!r} with align_corners={a['align_corners']!r}")
     out = {**a, "mode": mode, "align_corners": bool(a["align_corners"]),
+           "antialias": bool(a["antialias"]),
            "channels_last": bool(a["channels_last"])}
     for key, kind in (("size", int), ("scale_factor", (int, float))):
         v = a[key]
@@ -116,7 +120,7 @@ def _rule(inputs, attrs):
 
 define("interpolate", rule=_rule, run="interpolate", optional=("like",),
        attrs={"size": None, "scale_factor": None, "mode": "nearest", "align_corners": False,
-              "channels_last": True},
+              "antialias": False, "channels_last": True},
        normalize=_normalize, kind="resample",
        doc="resampling to a new spatial size (torch.nn.functional.interpolate): nearest, "
            "nearest-exact, linear (bi-, trilinear), cubic",
@@ -144,7 +148,11 @@ def interpolate():  # noqa: A001 - the signature comes from the definition
       clamped), along one axis after another.
 
     ``align_corners`` (linear, cubic) maps the corner samples onto each other, as in
-    torch. float32 math.
+    torch. ``antialias`` (linear, cubic; not with ``align_corners``) is torch's
+    ``antialias=True``: where an axis shrinks, each output averages every input under the
+    filter stretched by the scale (a triangle, or the cubic kernel with a = -0.5), the
+    weights normalised to sum 1 (SigLIP 2's position-table resize); where it grows, the
+    same filter unstretched. float32 math.
 
     Example::
 

@@ -100,6 +100,27 @@ def test_like_gives_the_spatial_sizes(rng):
         md.ops.interpolate(g2.inputs[0], g2.inputs[0], size=3)
 
 
+@pytest.mark.parametrize("mode, tmode", [("linear", "bilinear"), ("cubic", "bicubic")])
+@pytest.mark.parametrize("hw, kw", [
+    ((16, 16), dict(size=(7, 5))), ((9, 9), dict(size=(2, 3))), ((16, 16), dict(size=(1, 1))),
+    ((4, 4), dict(size=(3, 7))), ((5, 8), dict(size=(11, 3))), ((10, 13), dict(size=(10, 13))),
+    ((12, 15), dict(scale_factor=0.4)), ((6, 7), dict(scale_factor=(2.5, 0.5))),
+])
+def test_antialias_matches_torch(rng, mode, tmode, hw, kw):
+    """antialias=True where an axis shrinks (the filter stretched by the scale, weights
+    normalised), grows or keeps its size, by size and by scale_factor."""
+    x = rng.standard_normal((2, 3, *hw)).astype(np.float32)
+    out = run_op(lambda v: md.ops.interpolate(v, mode=mode, antialias=True,
+                                              channels_last=False, **kw), x)
+    ref = F.interpolate(torch.from_numpy(x), mode=tmode, antialias=True, align_corners=False,
+                        **kw).numpy()
+    close(out, ref, atol=2e-6, rtol=1e-5, label=f"{mode} {hw} {kw}")
+    if kw.get("size") and kw["size"][0] < hw[0]:          # shrinking: not plain resampling
+        plain = F.interpolate(torch.from_numpy(x), mode=tmode, align_corners=False,
+                              **kw).numpy()
+        assert np.abs(plain - ref).max() > 1e-3
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(), "exactly one of size, scale_factor and the input like"),
     (dict(size=4, scale_factor=2), "exactly one of size, scale_factor and the input like"),
@@ -111,6 +132,8 @@ def test_like_gives_the_spatial_sizes(rng):
     (dict(size=4, align_corners=True), "align_corners applies to modes linear and cubic"),
     (dict(scale_factor=1e9), "is over"),
     (dict(scale_factor=0.01), "leaves no output"),
+    (dict(size=4, antialias=True), "antialias applies to modes linear and cubic"),
+    (dict(size=4, mode="linear", align_corners=True, antialias=True), "without align_corners"),
 ])
 def test_bad_attributes_name_the_layer(kw, message):
     g = md.Graph("t", [md.TensorType("float32", (1, 8, 8, 3))])
