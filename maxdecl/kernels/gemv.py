@@ -223,6 +223,13 @@ def _f16_splat(builder, bp, off, lanes):
     return _ir_splat(builder, _ir_f16(builder, _ir_load(builder, bp, off, _IR_I32)), lanes)
 
 
+def _f16_at(builder, bp, off):
+    """The fp16 at byte ``off`` as a float32 scalar, read as the top half of the 32-bit
+    word at ``off - 2`` so that a scale at a block's end is loaded inside the block."""
+    return _ir_f16(builder, builder.lshr(_ir_load(builder, bp, off - 2, _IR_I32),
+                                         _ir_const(_IR_I32, 16)))
+
+
 def _d_at0(builder, bp, lanes):
     return _f16_splat(builder, bp, 0, lanes)
 
@@ -350,8 +357,7 @@ def _q5_1_unit(builder, bp, ctx, u, lanes):
 
 def _q6_k_prepare(builder, bp, lanes):
     # 210 B: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d f16 @208 -> d * scales
-    d = _ir_f16(builder, builder.lshr(_ir_load(builder, bp, 206, _IR_I32),
-                                      _ir_const(_IR_I32, 16)))   # the word stays in the block
+    d = _f16_at(builder, bp, 208)
     sc = _bytes(builder, bp, 192, 16, signed=True)
     return builder.fmul(_ir_splat(builder, d, 16), _tofloat(builder, sc, 16))
 
@@ -382,8 +388,7 @@ def _q3_k_prepare(builder, bp, lanes):
     # for the 16 sub-blocks. Scale s: low 4 bits nibble s // 8 of byte s % 8, high 2 bits
     # bits 2 (s // 4) of byte 8 + s % 4. The 16 bytes read start at 94 (two qs bytes
     # first) so that the load stays inside the block. Returns (dl, -4 dl).
-    d = _ir_f16(builder, builder.lshr(_ir_load(builder, bp, 106, _IR_I32),
-                                      _ir_const(_IR_I32, 16)))   # the word stays in the block
+    d = _f16_at(builder, bp, 108)
     sb = _ir_load(builder, bp, 94, ir.VectorType(_IR_I8, 16))
     v16 = ir.VectorType(_IR_I32, 16)
     lo = builder.zext(_ir_pick(builder, sb, [2 + s % 8 for s in range(16)]), v16)
@@ -526,9 +531,7 @@ def _iq4_xs_unit(builder, bp, dl, u, lanes):
 # -- tq2_0 / tq1_0 (ternary: value = d * (digit - 1), exact) ------------------------------
 def _d_at(off):
     def prepare(builder, bp, lanes):
-        # the fp16 d at ``off``, read as the top half of the word at off - 2 (inside the block)
-        word = builder.lshr(_ir_load(builder, bp, off - 2, _IR_I32), _ir_const(_IR_I32, 16))
-        return _ir_splat(builder, _ir_f16(builder, word), lanes)
+        return _ir_splat(builder, _f16_at(builder, bp, off), lanes)
     return prepare
 
 
