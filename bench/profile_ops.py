@@ -90,7 +90,7 @@ def main() -> None:
         if batched is not None:
             _registry._BATCH_RUNNERS[name] = _TimedBatch(f"{name} (batched)", batched,
                                                          totals, calls)
-    for kind in ("linear_group",):                       # md.compile's fused calls too
+    for kind in ("linear_group", "norm_chain", "act_mul"):  # md.compile's fused calls
         fusion._RUNNERS[kind] = _Timed(kind, fusion.runner(kind), totals, calls)
     model = md.load_model(spec, _gguf_path())
     session, tok = model.session, model.tokenizer

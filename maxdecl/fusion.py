@@ -12,6 +12,17 @@ running the nodes one by one:
   rows of the batch. The group's first node names its errors.
 * **Views inline**: a ``reshape`` with at most one symbolic dim is a NumPy view;
   it is written into the generated code as ``y = x.reshape(shape)``, no call.
+* **Norms into their producer**: an ``add`` runs as one ``norm_chain`` call
+  (``kernels.fused_rows``) with the ``rms_norm`` that feeds it when nothing else reads
+  that norm (a post-norm before the residual add), and with the first ``rms_norm`` of
+  its sum whose weight is known by then (the pre-norm of the next block); the sum stays
+  an output for its other readers. Both norms run the op's own row function.
+* **Activation into its product**: a ``silu``, ``gelu`` or ``gelu_tanh`` read only by a
+  ``mul`` runs inside it as one ``act_mul`` call (a gated MLP's ``act(gate) * up``).
+
+Fused elementwise steps take their kernels when every operand is a float32 array of one
+shape (C order) and 1-D norm weights; otherwise they run their nodes' own runtimes one
+after another, so the numbers and the errors are the unfused ones either way.
 
 ``md.compile(graph, weights, fuse=False)`` or ``MAXDECL_FUSE=0`` runs node by node.
 """
@@ -51,23 +62,31 @@ def runner(kind: str):
     """The runtime of a fused step kind, imported on first use."""
     fn = _RUNNERS.get(kind)
     if fn is None:
-        from .kernels import linalg
+        from .kernels import fused_rows, linalg
 
-        fn = _RUNNERS[kind] = {"linear_group": linalg.linear_group}[kind]
+        fn = _RUNNERS[kind] = {"linear_group": linalg.linear_group,
+                               "norm_chain": fused_rows.norm_chain,
+                               "act_mul": fused_rows.act_mul}[kind]
     return fn
 
 
-def plan(nodes, bound: dict, fuse: bool = True) -> list:
+def plan(nodes, bound: dict, fuse: bool = True, outputs=()) -> list:
     """The steps running ``nodes`` in order; ``bound`` maps ``id(Value)`` of each weight
-    node's output to its bound array. ``fuse=False``: one ``"node"`` step per node."""
+    node's output to its bound array; ``outputs``: the graph's outputs (never fused
+    away). ``fuse=False``: one ``"node"`` step per node."""
     one = [Step("node", (i,), tuple(n.inputs), tuple(n.outputs)) for i, n in enumerate(nodes)]
     if not fuse:
         return one
     groups = _linear_groups(nodes, bound)
+    elementwise, absorbed = _elementwise_steps(nodes, {id(v) for v in outputs}, set(groups))
     steps = []
     for i, n in enumerate(nodes):
         members = groups.get(i)
-        if members is not None:
+        if i in absorbed:
+            continue
+        if i in elementwise:
+            steps.append(elementwise[i])
+        elif members is not None:
             if members[0] == i:
                 ins = [n.inputs[0], *(nodes[j].inputs[1] for j in members)]
                 ins += [nodes[j].inputs[2] for j in members if len(nodes[j].inputs) > 2]
@@ -94,6 +113,86 @@ def _linear_groups(nodes, bound) -> dict:
             key = (id(n.inputs[0]), kind, bias is None, repr(sorted(n.attrs.items())))
             by_key.setdefault(key, []).append(i)
     return {i: members for members in by_key.values() if len(members) > 1 for i in members}
+
+
+_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def _elementwise_steps(nodes, outputs: set, taken: set) -> tuple:
+    """``({node index: fused Step}, {indices of the nodes folded into them})`` for the
+    ``norm_chain`` and ``act_mul`` rules (module doc). ``taken``: nodes already fused."""
+    made, readers = {}, {}
+    for i, n in enumerate(nodes):
+        for v in n.outputs:
+            made[id(v)] = i
+        for x in n.inputs:
+            readers.setdefault(id(x), []).append(i)
+
+    def only_reader(v, j):            # v is read once, by node j, and is no graph output
+        return readers.get(id(v)) == [j] and id(v) not in outputs
+
+    def plain(n, op, n_in):
+        return n.op == op and len(n.inputs) == n_in and len(n.outputs) == 1
+
+    steps, absorbed = {}, set()
+    used = set(taken)
+    for j, n in enumerate(nodes):
+        if j in used or not plain(n, "add", 2) and not plain(n, "mul", 2):
+            continue
+        feeders = [(k, made.get(id(x))) for k, x in enumerate(n.inputs)]
+        if n.op == "mul":
+            for k, i in feeders:
+                if (i is not None and i not in used and nodes[i].op in _ACTIVATIONS
+                        and len(nodes[i].inputs) == 1 and len(nodes[i].outputs) == 1
+                        and only_reader(nodes[i].outputs[0], j)):
+                    steps[j] = Step("act_mul", (j, i), (nodes[i].inputs[0], n.inputs[1 - k]),
+                                    tuple(n.outputs), {"act": nodes[i].op, "first": k == 0})
+                    used.update((i, j))
+                    absorbed.add(i)
+                    break
+            continue
+        pre = next(((k, i) for k, i in feeders
+                    if i is not None and i not in used and plain_norm(nodes[i])
+                    and only_reader(nodes[i].outputs[0], j)), None)
+        post = next((q for q in readers.get(id(n.outputs[0]), ())
+                     if q > j and q not in used and plain_norm(nodes[q])
+                     and nodes[q].inputs[0] is n.outputs[0]
+                     and all(made.get(id(x), -1) < j for x in nodes[q].inputs[1:])), None)
+        if pre is None and post is None:
+            continue
+        # inputs [x, r, (w1), (w2)]: the norm's x (or the add's first operand), the add's
+        # other operand, then the norms' weights when they have them
+        attrs = {"pre": pre is not None, "post": post is not None}
+        if pre is not None:
+            k, i = pre
+            p = nodes[i]
+            ins = [p.inputs[0], n.inputs[1 - k], *p.inputs[1:]]
+            attrs.update(w1=len(p.inputs) > 1, eps1=p.attrs["epsilon"], first=k == 0)
+            used.add(i)
+            absorbed.add(i)
+        else:
+            ins = list(n.inputs)
+            attrs.update(w1=False, eps1=0.0, first=True)
+        outs = list(n.outputs)
+        members = [j] + ([pre[1]] if pre is not None else [])
+        if post is not None:
+            q = nodes[post]
+            ins += q.inputs[1:]
+            outs += q.outputs
+            attrs.update(w2=len(q.inputs) > 1, eps2=q.attrs["epsilon"])
+            used.add(post)
+            absorbed.add(post)
+            members.append(post)
+        else:
+            attrs.update(w2=False, eps2=0.0)
+        used.add(j)
+        steps[j] = Step("norm_chain", tuple(members), tuple(ins), tuple(outs), attrs)
+    return steps, absorbed
+
+
+def plain_norm(n) -> bool:
+    """An ``rms_norm`` node of x and an optional weight, with one output."""
+    return n.op == "rms_norm" and len(n.inputs) in (1, 2) and len(n.outputs) == 1
 
 
 def _weight_kind(w):

@@ -88,7 +88,7 @@ class CompiledGraph:
         preloaded = [n.outputs[0] for n in weight_nodes] + [v for v, _ in folded]
         self._bound += [a for _, a in folded]
         self.fused = fusion.enabled(fuse)
-        self.steps = fusion.plan(self._nodes, bound, self.fused)
+        self.steps = fusion.plan(self._nodes, bound, self.fused, graph.outputs)
         self._run = _generate(graph, preloaded, self.steps, self._nodes)
         self._plan = (graph, preloaded)          # for ``fixed`` runs of the same steps
         from .kernels import compiler_pages

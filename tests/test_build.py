@@ -411,3 +411,13 @@ def test_a_weight_stand_in_of_another_shape_under_checkpoint_sizes(tmp_path):
     bad.write_text(text.replace("    d_tied: 10\n", "    d_tied: 9\n"))
     problems = [str(p) for p in md.validate_spec(bad)]
     assert any("absent: weight 'tied.weight' has shape [9, 256]" in p for p in problems)
+
+
+def test_anonymous_block_use_adds_no_path_segment():
+    """A block used without a name builds its layers under the enclosing layer's path."""
+    path = Path(__file__).parent / "spec" / "cases" / "valid" / "anonymous_block_use.yaml"
+    g = md.build(md.load_spec(path))
+    assert [(n.op, n.layer) for n in g.nodes if n.op != "weight"] == [
+        ("linear", "mixer.fc1"), ("gelu", "mixer"), ("linear", "mixer.fc2"), ("add", "mixer")]
+    assert {n.attrs["name"] for n in g.nodes if n.op == "weight"} == {
+        "mixer.fc1.weight", "mixer.fc2.weight"}

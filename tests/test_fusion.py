@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import maxdecl as md
-from maxdecl.kernels import fused, gemv
+from maxdecl.kernels import fused, fused_rows, gemv
 from maxdecl.ops import _registry
 from maxdecl.pipelines.batching import BatchRunner
 from maxdecl.runtime import PerSequence
@@ -87,7 +87,8 @@ def test_plan_groups_siblings_and_leaves_the_graph_alone():
     calls = sum(s.kind != "reshape" for s in on.steps)
     linears = sum(n.op == "linear" for n in nodes)
     reshapes = sum(n.op == "reshape" for n in nodes)
-    assert calls == len(nodes) - reshapes - sum(len(s.nodes) - 1 for s in groups)
+    fused = [s for s in on.steps if s.kind not in ("node", "reshape")]
+    assert calls == len(nodes) - reshapes - sum(len(s.nodes) - 1 for s in fused)
     assert len(groups) and linears > sum(len(s.nodes) for s in groups)  # attn_output etc. alone
 
 
@@ -193,3 +194,101 @@ def test_float16_weights_are_cast_once_at_compile():
         assert [run._nodes[s.nodes[0]].op for s in run.steps] == ["linear"]   # no cast a call
         outs.append(run(x)[0])
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_norms_fuse_into_the_residual_add_and_activations_into_the_gate():
+    """Gemma 3: post-norm -> residual add -> next pre-norm is one ``norm_chain`` call,
+    ``gelu_tanh(gate) * up`` one ``act_mul``; Llama 3: add -> pre-norm, ``silu * up``."""
+    _, on, _ = _both("gemma3")
+    nodes = on._nodes
+    chains = [s for s in on.steps if s.kind == "norm_chain"]
+    full = [s for s in chains if s.attrs["pre"] and s.attrs["post"]]
+    assert len(full) >= 2
+    for s in full:
+        add, pre, post = (nodes[i] for i in s.nodes)
+        assert (add.op, pre.op, post.op) == ("add", "rms_norm", "rms_norm")
+        assert pre.outputs[0] in add.inputs and post.inputs[0] is add.outputs[0]
+        assert s.outputs == (add.outputs[0], post.outputs[0])
+    acts = [s for s in on.steps if s.kind == "act_mul"]
+    assert acts and all(nodes[s.nodes[1]].op == "gelu_tanh" for s in acts)
+    _, on, _ = _both("llama3")
+    kinds = {(s.kind, s.attrs.get("pre"), s.attrs.get("post")) for s in on.steps}
+    assert ("norm_chain", False, True) in kinds
+    assert any(s.kind == "act_mul" and on._nodes[s.nodes[1]].op == "silu" for s in on.steps)
+
+
+def _chain_graph(dtype, bias_shape=None, norm_out=False, late_weight=False):
+    """x -> rms_norm -> add(r) -> rms_norm -> silu(.) * u, with variations the rules
+    must respect (a broadcast add, the first norm an output, the second norm's weight
+    computed after the add)."""
+    t = md.DType.parse(dtype)
+    g = md.Graph("chain", input_types=[md.TensorType(t, ("n", 6)),
+                                       md.TensorType(t, bias_shape or ("n", 6)),
+                                       md.TensorType(t, ("n", 6))])
+    x, r, u = g.inputs
+    with g.layer("a"):
+        w1 = g.weight("w1", md.TensorType(t, (6,)))
+        h = md.ops.rms_norm(x, w1, epsilon=1e-5)
+    with g.layer("b"):
+        s = md.ops.add(r, h)
+    with g.layer("c"):
+        w2 = g.weight("w2", md.TensorType(t, (6,)))
+        if late_weight:
+            w2 = md.ops.neg(w2)
+        n = md.ops.rms_norm(s, w2)
+    with g.layer("d"):
+        y = md.ops.mul(u, md.ops.silu(n))
+    g.output(y)
+    g.output(s)
+    if norm_out:
+        g.output(h)
+    rng = np.random.default_rng(4)
+    td = {"w1": rng.standard_normal(6).astype(dtype), "w2": rng.standard_normal(6).astype(dtype)}
+    return g, td
+
+
+@pytest.mark.parametrize("case", [dict(dtype="float32"), dict(dtype="float16"),
+                                  dict(dtype="float32", bias_shape=(6,)),
+                                  dict(dtype="float32", norm_out=True),
+                                  dict(dtype="float32", late_weight=True)])
+def test_elementwise_fusion_is_bit_identical_or_left_alone(case):
+    g, td = _chain_graph(**case)
+    on, off = md.compile(g, td), md.compile(g, td, fuse=False)
+    kinds = [s.kind for s in on.steps]
+    chain = next(s for s in on.steps if s.kind == "norm_chain")
+    assert chain.attrs["pre"] == (not case.get("norm_out"))       # an output stays a node
+    assert chain.attrs["post"] == (not case.get("late_weight"))   # its weight comes later
+    assert "act_mul" in kinds
+    rng = np.random.default_rng(5)
+    dt = np.dtype(case["dtype"])
+    for n in (1, 3, 17):
+        x = (rng.standard_normal((n, 6)) * 3).astype(dt)
+        r = rng.standard_normal(case.get("bias_shape") or (n, 6)).astype(dt)
+        u = rng.standard_normal((n, 6)).astype(dt)
+        _same(on(x, r, u), off(x, r, u))
+
+
+@pytest.mark.parametrize("twin", [0, 1])
+def test_fused_row_kernels_match_the_ops_bit_for_bit(twin):
+    """Random widths and row counts, both twins: the fused kernels give exactly what the
+    rms_norm, add and activation ops give one by one."""
+    from maxdecl.kernels import activations
+    from maxdecl.kernels.norm import _rms_norm_run
+
+    rng = np.random.default_rng(6)
+    for _ in range(25):
+        rows, d = int(rng.integers(1, 9)), int(rng.integers(1, 1100))
+        x, r = (rng.standard_normal((2, rows, d)) * rng.uniform(0.01, 50)).astype(np.float32)
+        w1, w2 = rng.standard_normal((2, d)).astype(np.float32)
+        total, normed = np.empty_like(x), np.empty_like(x)
+        for pre in (True, False):
+            fused_rows._norm_add_norm[twin](x, w1, np.float32(1e-6), pre, r, w2,
+                                            np.float32(1e-5), True, total, normed)
+            h = _rms_norm_run([x, w1], {"epsilon": 1e-6})[0] if pre else x
+            want = h + r
+            assert total.tobytes() == want.tobytes()
+            assert normed.tobytes() == _rms_norm_run([want, w2], {"epsilon": 1e-5})[0].tobytes()
+        for act, kind in fused_rows.ACTIVATIONS.items():
+            out = np.empty(x.size, np.float32)
+            fused_rows._act_mul[twin](x.reshape(-1), r.reshape(-1), kind, out)
+            assert out.tobytes() == (getattr(activations, act)(x) * r).tobytes()

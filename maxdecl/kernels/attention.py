@@ -34,11 +34,11 @@ def _softmax_inplace(sc, n, sink):
     for j in range(1, n):
         m = max(m, sc[j])
     m = max(m, sink)
+    for j in range(n):                 # no reduction: vectorises with or without fastmath
+        sc[j] = expf(sc[j] - m)
     tot = np.float32(0)
     for j in range(n):
-        e = expf(sc[j] - m)
-        sc[j] = e
-        tot += e
+        tot += sc[j]
     tot += expf(sink - m)
     inv = np.float32(1) / tot
     for j in range(n):

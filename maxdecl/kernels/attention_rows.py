@@ -23,6 +23,7 @@ from ._dispatch import njit_twins, pick
 from .aligned import address
 from .attention import _key_range, _softmax_inplace, head_values
 from .config import CACHE, FASTMATH
+from .vmath import dot16
 
 
 @intrinsic
@@ -37,10 +38,12 @@ def _f32_pointer(typingctx, addr):
     return types.CPointer(types.float32)(addr), codegen
 
 
-# Compiled once, not inlined: under fastmath each caller would vectorise its sums its
-# own way, and the parallel and serial twins gave results 1 ulp apart (measured).
-# As one function, every twin and task split runs the same machine code (tested).
-@numba.njit(cache=CACHE, fastmath=FASTMATH)
+# No fastmath here: LLVM may inline this into each kernel that calls it, and under
+# fastmath each caller vectorised the sums its own way (the twins gave results 1 ulp
+# apart, depending on what was compiled first). The scores are ``dot16`` sums and the
+# softmax adds in key order, so every twin, task split and caller gives the same bits
+# (tested); the products over the values vectorise as they are (no reduction).
+@numba.njit(cache=CACHE)
 def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, softcap, sinks):
     # out[i, h] <- softmax(scale * q[i, h] . k[lo:hi, hk]) @ v[lo:hi, hk] for the nh query
     # heads h0.. of key/value head hk. Each key and value row is read once for all of
@@ -59,9 +62,7 @@ def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, sof
         for j in range(n):
             kr = k[lo + j, hk]
             for g in range(nh):
-                t = np.float32(0)
-                for d in range(D):
-                    t += qs[g, d] * kr[d]
+                t = dot16(qs[g], kr, D)
                 if softcap > 0:
                     t = softcap * math.tanh(t / softcap)
                 t += slopes[h0 + g] * np.float32(lo + j - pos)
@@ -97,6 +98,44 @@ def _attention_rows(q, rows, seqs, hkv, out, scale, causal, window, slopes, soft
         k = numba.carray(_f32_pointer(seqs[s, 0]), (seqs[s, 2], hkv, D))
         v = numba.carray(_f32_pointer(seqs[s, 1]), (seqs[s, 2], hkv, Dv))
         _attend(q, i, h0, per, h0 // group, k, v, rows[i, 1], out, scale, causal, window,
+                slopes, softcap, sinks)
+
+
+@njit_twins(fastmath=FASTMATH)
+def _attention_cached(q, k, v, dst, out, scale, causal, window, slopes, softcap, per, sinks):
+    # A decode step in one call: each sequence's new rows of k, v (R, Hkv, D) f32, the
+    # sequences one after another, written into its cache buffers (dst[s] = (keys
+    # address, values address, first position, rows), room checked by the caller), then
+    # every (row, query-head group) task of _attention_rows over the grown caches.
+    R, Hq, D = q.shape
+    hkv = k.shape[1]
+    Dv = out.shape[2]
+    seq = np.empty(R, np.int64)
+    pos = np.empty(R, np.int64)
+    r = 0
+    for s in range(dst.shape[0]):
+        first, n = dst[s, 2], dst[s, 3]
+        kd = numba.carray(_f32_pointer(dst[s, 0]), (first + n, hkv, D))
+        vd = numba.carray(_f32_pointer(dst[s, 1]), (first + n, hkv, Dv))
+        for j in range(n):
+            for h in range(hkv):
+                for e in range(D):
+                    kd[first + j, h, e] = k[r, h, e]
+                for e in range(Dv):
+                    vd[first + j, h, e] = v[r, h, e]
+            seq[r] = s
+            pos[r] = first + j
+            r += 1
+    group = Hq // hkv
+    tasks = Hq // per
+    for task in numba.prange(R * tasks):
+        i = task // tasks
+        h0 = (task % tasks) * per
+        s = seq[i]
+        t = dst[s, 2] + dst[s, 3]
+        kk = numba.carray(_f32_pointer(dst[s, 0]), (t, hkv, D))
+        vv = numba.carray(_f32_pointer(dst[s, 1]), (t, hkv, Dv))
+        _attend(q, i, h0, per, h0 // group, kk, vv, pos[i], out, scale, causal, window,
                 slopes, softcap, sinks)
 
 
@@ -242,6 +281,31 @@ def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
         if idle and kernel is _attention_rows[0]:
             per = spread_per(hq // hkv, q.shape[0] * hkv, threads)
         kernel(q, rows, seqs, hkv, out, np.float32(scale), bool(causal), int(window or 0),
+               head_values(slopes, hq, 0.0), np.float32(softcap or 0.0), per,
+               head_values(sinks, hq, -np.inf))
+    return out
+
+
+def cached_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, dst: np.ndarray, scale: float,
+                causal: bool, window, slopes, softcap, sinks=None) -> np.ndarray:
+    """A decode step's attention on caches with room: each sequence's rows of ``k``,
+    ``v`` ``(R, Hkv, D)`` float32 (one after another, as ``q`` ``(R, Hq, D)``) appended
+    to its buffers per ``dst`` (``kv_cache.reserve_rows``), then ``table_rows`` over
+    the grown caches, in one kernel call with the same numbers."""
+    hq, d = q.shape[1:]
+    hkv = k.shape[1]
+    out = np.empty((q.shape[0], hq, v.shape[2]), np.float32)
+    if out.size:
+        sizes = dst[:, 3]
+        work = hq * d * int(sizes @ (dst[:, 2] + sizes))
+        threads = numba.get_num_threads()
+        idle = q.shape[0] * hkv < threads
+        spread = idle and hq > hkv and work >= SPREAD_MIN_WORK
+        kernel = _attention_cached[0] if spread else pick(_attention_cached, work)
+        per = hq // hkv
+        if idle and kernel is _attention_cached[0]:
+            per = spread_per(hq // hkv, q.shape[0] * hkv, threads)
+        kernel(q, k, v, dst, out, np.float32(scale), bool(causal), int(window or 0),
                head_values(slopes, hq, 0.0), np.float32(softcap or 0.0), per,
                head_values(sinks, hq, -np.inf))
     return out

@@ -6,7 +6,8 @@ import numba
 import numpy as np
 
 from ._dispatch import PARALLEL_MIN_WORK, njit_twins, pick
-from .config import FASTMATH
+from .config import CACHE, FASTMATH
+from .vmath import dot16
 
 
 @njit_twins(fastmath=FASTMATH)
@@ -32,21 +33,24 @@ def _layer_norm(x, gamma, beta, eps, out):
             out[r, i] = (x[r, i] - mean) * inv * g[i] + b[i]
 
 
-@njit_twins(fastmath=FASTMATH)
+@numba.njit(cache=CACHE)
+def rms_row(x, w, eps, out):
+    """out = x * rsqrt(mean(x^2) + eps) * w for one row: x, w, out (D,) float32. Plain
+    IEEE arithmetic in a fixed order (``vmath.dot16``), so the op's twins and the fused
+    steps of ``fused_rows`` give bit-identical rows."""
+    D = x.shape[0]
+    inv = np.float32(1) / np.sqrt(dot16(x, x, D) * (np.float32(1) / np.float32(D)) + eps)
+    for i in range(D):
+        out[i] = x[i] * inv * w[i]
+
+
+@njit_twins()
 def _rms_norm(x, w, eps, out):
     # x, out: (R, D) f32; w: (G, D) f32, row r takes w[r % G]
-    # out = x * rsqrt(mean(x^2) + eps) * w
-    R, D = x.shape
+    R = x.shape[0]
     G = w.shape[0]
-    inv_d = np.float32(1) / np.float32(D)
     for r in numba.prange(R):
-        wr = w[r % G]
-        s = np.float32(0)
-        for i in range(D):
-            s += x[r, i] * x[r, i]
-        inv = np.float32(1) / np.sqrt(s * inv_d + eps)
-        for i in range(D):
-            out[r, i] = x[r, i] * inv * wr[i]
+        rms_row(x[r], w[r % G], eps, out[r])
 
 
 def _rows(x):

@@ -10,7 +10,7 @@ import numpy as np
 from .. import codecs
 from ..tensors import QuantizedTensor
 from . import attention, rope
-from .attention_rows import check_heads, check_rows, packed_rows, table_rows, write_rows
+from .attention_rows import cached_rows, check_heads, check_rows, packed_rows
 from .block_rows import KINDS, gather_rows
 from .kv_cache import append_kv, kv_addresses, reserve_rows
 
@@ -158,12 +158,10 @@ def _attention_batch(args, rows, attrs):
         check_heads(q.shape[1], k.shape[1], attrs["alibi_slopes"], sinks)
         grown = reserve_rows(rest[0], k, v, rows)     # the steady state: room in place
         if grown is not None:
-            dst, seqs, caches = grown
-            write_rows(k, v, dst)
-            out = table_rows(np.ascontiguousarray(q, dtype=np.float32), list(rows), seqs,
-                             k.shape[1], v.shape[2], _scale(attrs, q.shape[-1]),
-                             attrs["causal"], _window(attrs), attrs["alibi_slopes"],
-                             attrs["softcap"], sinks)
+            dst, _, caches = grown
+            out = cached_rows(np.ascontiguousarray(q, dtype=np.float32), k, v, dst,
+                              _scale(attrs, q.shape[-1]), attrs["causal"], _window(attrs),
+                              attrs["alibi_slopes"], attrs["softcap"], sinks)
             return [out.astype(q.dtype, copy=False), caches]
     caches, keys, values, start = [], [], [], 0
     for n, past in zip(rows, rest[0]):

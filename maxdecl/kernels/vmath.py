@@ -1,10 +1,12 @@
 """Vectorisable float32 math for the kernels (no libm calls, so LLVM's loop vectoriser
-keeps 8 lanes): ``expf``."""
+keeps 8 lanes): ``expf``, and ``dot16``, a dot product in one fixed order."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from .codec_common import bits_f32
 from .config import CACHE
@@ -42,3 +44,64 @@ def expf(x):
     if x != x:
         e = x
     return e
+
+
+def _dot_codegen(context, builder, sig, args):
+    """IR of ``dot16``: two <16 x float> accumulators over 32-element chunks (chunk c
+    into accumulator c % 2), added lane by lane, halved to one lane by a fixed tree, then
+    the tail in order. No fast-math flags: LLVM keeps this order and every product's
+    rounding (no FMA), whatever it inlines the code into."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vt = ir.VectorType(f32, 16)
+    aty, bty, _ = sig.args
+    a = context.make_array(aty)(context, builder, args[0])
+    b = context.make_array(bty)(context, builder, args[1])
+    n = context.cast(builder, args[2], sig.args[2], types.int64)
+    pa = builder.bitcast(a.data, f32.as_pointer())
+    pb = builder.bitcast(b.data, f32.as_pointer())
+    zero = ir.Constant(vt, [0.0] * 16)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(2)]
+    pairs = builder.sdiv(n, ir.Constant(i64, 32))
+
+    def load(p, off):
+        return builder.load(builder.bitcast(builder.gep(p, [off]), vt.as_pointer()), align=4)
+
+    with cgutils.for_range(builder, pairs) as loop:
+        base = builder.mul(loop.index, ir.Constant(i64, 32))
+        for h, acc in enumerate(accs):
+            off = builder.add(base, ir.Constant(i64, 16 * h))
+            prod = builder.fmul(load(pa, off), load(pb, off))
+            builder.store(builder.fadd(builder.load(acc), prod), acc)
+    v = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
+    width = 16
+    while width > 1:                      # lanes j and j + width/2 added, halving
+        half = width // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half),
+                                                       list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half),
+                                                       list(range(half, width))))
+        v, width = builder.fadd(lo, hi), half
+    total = cgutils.alloca_once_value(builder, builder.extract_element(v, ir.Constant(
+        ir.IntType(32), 0)))
+    start = builder.mul(pairs, ir.Constant(i64, 32))
+    with cgutils.for_range(builder, builder.sub(n, start)) as loop:
+        i = builder.add(start, loop.index)
+        x = builder.load(builder.gep(pa, [i]))
+        y = builder.load(builder.gep(pb, [i]))
+        builder.store(builder.fadd(builder.load(total), builder.fmul(x, y)), total)
+    return builder.load(total)
+
+
+@intrinsic
+def dot16(typingctx, a, b, n):
+    """``sum(a[i] * b[i] for i < n)`` for contiguous float32 1-D arrays a, b (n at most
+    their length), in float32 in one fixed order (``_dot_codegen``): the same bits in
+    every kernel that uses it, inlined or not, parallel or not."""
+    ok = all(isinstance(t, types.Array) and t.ndim == 1 and t.dtype == types.float32
+             and t.layout == "C" for t in (a, b)) and isinstance(n, types.Integer)
+    if not ok:
+        return None
+    return types.float32(a, b, n), _dot_codegen

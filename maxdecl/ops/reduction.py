@@ -92,7 +92,8 @@ for _name, _what in (("argmax", "maximum"), ("argmin", "minimum")):
            normalize=_normalize_axis, kind="reduction",
            doc=f"int64 index of the first {_what} along axis (a NaN counts as the {_what}, "
                "as in torch and NumPy)",
-           rule_doc="one axis or null; out int64")
+           rule_doc="x float or integer (token ids, a mask as int32); one axis or null; "
+                    "out int64")
 
 
 def _reduce_axis(axis):

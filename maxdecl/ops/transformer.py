@@ -315,7 +315,9 @@ def masked_attention():  # noqa: A001 - the signature comes from the definition
     (every key False, -inf, or outside the causal or window mask) gives zeros (torch
     gives NaN); a large finite negative mask (transformers' ``finfo.min``) still counts
     as seen, so a query whose keys all get it averages them as torch does. ``sinks``
-    (after ``kv_cache``) as in ``attention``.
+    (after ``kv_cache``) as in ``attention``. A 0-d ``0.0`` constant is a mask that
+    masks nothing, so one block serves a tower with a padding mask and one without; the
+    tower without one runs faster through ``attention``.
     Runs a plain float32 path, not the fused attention kernels, and refuses a batched
     step (``rows=``: the mask cannot be cut per sequence).
     """

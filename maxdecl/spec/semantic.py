@@ -202,6 +202,7 @@ class Expander:
         # its weights are unknown, so "names no weight" checks would only repeat the error
         self.incomplete = False
         self.loop_indices: list[str] = []   # the indices enclosing repeats bind
+        self.anonymous_uses = 0              # anonymous block uses around this point
         self._at: dict = {}
         # types are checked against the spec's encodings; weights that bring their own
         # are checked by the graph as md.build adds each node (the same rules)
@@ -459,10 +460,6 @@ class Expander:
                                    "weights that later ops use by full name)")
             self.bind([n for n, _ in decl.outs], ns)
             return
-        if decl.name is None and decl.block:
-            self.problem(decl.pos, "a block use needs a `name` (a plain op or a group of "
-                                   "`layers:` may be anonymous: it adds no path segment)")
-            return
         if decl.repeat is None:
             if not self.unroll(decl, path):
                 self.instance(decl, path, env, ns, wscope, blocks)
@@ -608,8 +605,12 @@ class Expander:
                 first = self.layer_pos[full]
                 again = " (a repeated layer needs its index in the name, e.g. blk.{i})" \
                     if decl.repeat is not None and first.ptr == npos.ptr else ""
+                if self.anonymous_uses and not again:
+                    again = (" (a block use without a `name` adds no path segment: two "
+                             "such uses in one layer need names)")
                 self.problem(npos, f"duplicate layer name {full!r} (first at line "
                                    f"{first.line}){again}")
+                self.bind([n for n, _ in decl.outs], ns)
                 return
             self.layer_pos[full] = npos
             self.layers.append(PLayer(full, len(path) - 1, decl.pos))
@@ -655,7 +656,11 @@ class Expander:
         if decl.op is not None:
             self.op(decl, path, env, ns, wscope)
         elif decl.block is not None:
-            self.use_block(decl, path, env, ns, wscope, blocks)
+            self.anonymous_uses += decl.name is None
+            try:
+                self.use_block(decl, path, env, ns, wscope, blocks)
+            finally:
+                self.anonymous_uses -= decl.name is None
         else:
             self.body(decl.children, path, env, ns, wscope, blocks)
         for name, pos in decl.outputs:

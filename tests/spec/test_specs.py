@@ -29,7 +29,8 @@ def test_spec_validates_in_every_variant(path):
     for v in spec.variants:
         prog = spec.program(v)
         assert prog.ops and prog.weights
-        assert prog.outputs[0][0] in ("logits", "y", "last_hidden_state")   # encoders: hidden states
+        # encoders: hidden states; pose estimation: heatmaps
+        assert prog.outputs[0][0] in ("logits", "y", "last_hidden_state", "heatmaps")
 
 
 def test_schema_is_draft_2020_12_and_public():
