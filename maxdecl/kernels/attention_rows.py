@@ -7,7 +7,9 @@ values stay where they are (their addresses are passed, checked here, and viewed
 the kernel), so a batched step makes one parallel call per layer instead of one per
 sequence. A lone sequence goes through the same kernel, and every (row, head) task runs
 the same code whatever the batch, so a row's output does not depend on its batch-mates.
-Masks, scores and softmax are those of ``attention.py``.
+Masks, scores and softmax are those of ``attention.py``. A decode step whose caches have
+room (``cached_rows``) writes its new keys and values into them and attends in the same
+call, with the same numbers.
 """
 
 from __future__ import annotations
@@ -137,33 +139,6 @@ def _attention_cached(q, k, v, dst, out, scale, causal, window, slopes, softcap,
         vv = numba.carray(_f32_pointer(dst[s, 1]), (t, hkv, Dv))
         _attend(q, i, h0, per, h0 // group, kk, vv, pos[i], out, scale, causal, window,
                 slopes, softcap, sinks)
-
-
-@numba.njit(cache=CACHE)
-def _write_rows(k, v, dst):
-    # k, v: (R, Hkv, D) f32; dst[s] = (keys address, values address, first
-    # position, rows): sequence s's rows of k and v (the sequences one after another)
-    # go to its buffers from position ``first`` on
-    R, H, D = k.shape
-    r = 0
-    for s in range(dst.shape[0]):
-        first, n = dst[s, 2], dst[s, 3]
-        kd = numba.carray(_f32_pointer(dst[s, 0]), (first + n, H, D))
-        vd = numba.carray(_f32_pointer(dst[s, 1]), (first + n, H, D))
-        for j in range(n):
-            for h in range(H):
-                for e in range(D):
-                    kd[first + j, h, e] = k[r, h, e]
-                    vd[first + j, h, e] = v[r, h, e]
-            r += 1
-
-
-def write_rows(k: np.ndarray, v: np.ndarray, dst: np.ndarray) -> None:
-    """Copy each sequence's rows of ``k`` and ``v`` (``(R, Hkv, D)`` float32, the
-    sequences one after another) into its key and value buffers: ``dst[s]`` = (keys
-    address, values address, first position, rows), buffers of ``(T, Hkv, D)`` float32 C
-    order with room through ``first + rows`` (checked by the caller: the KV cache)."""
-    _write_rows(k, v, dst)
 
 
 # Multiply-adds (query heads x head_dim x keys, all rows) from which a step whose rows

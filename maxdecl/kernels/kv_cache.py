@@ -56,12 +56,12 @@ def append_kv(past: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def reserve_rows(pasts: list, k: np.ndarray, v: np.ndarray, sizes: list) -> tuple | None:
     """A batched step's appends in place, one sequence after another in ``k`` and ``v``
-    ``(sum sizes, Hkv, D)`` float32: ``(dst, seqs, caches)``, or None (then
-    ``append_kv`` each) unless every past is the newest float32 ``[2, T, Hkv, D]`` view of
-    its own buffer with room for its rows. ``dst[i]`` = (keys address, values address,
-    T, sizes[i]): where to write sequence i's rows; ``seqs[i]`` = (keys address, values
-    address, T + sizes[i]); ``caches[i]``: the grown view, recorded as the buffer's
-    newest, whose new rows the caller writes (``attention_rows.write_rows``)."""
+    ``(sum sizes, Hkv, D)`` float32: ``(dst, caches)``, or None (then ``append_kv``
+    each) unless every past is the newest float32 ``[2, T, Hkv, D]`` view of its own
+    buffer with room for its rows. ``dst[i]`` = (keys address, values address, T,
+    sizes[i]): where to write sequence i's rows; ``caches[i]``: the grown view, recorded
+    as the buffer's newest, whose new rows the caller writes
+    (``attention_rows.cached_rows``)."""
     if not (k.dtype == np.float32 and v.dtype == np.float32 and k.ndim == 3
             and k.shape == v.shape):
         return None
@@ -79,15 +79,13 @@ def reserve_rows(pasts: list, k: np.ndarray, v: np.ndarray, sizes: list) -> tupl
     dst = np.array([x for room, t, n in rooms
                     for x in (room[2], room[2] + room[0].strides[0], t, n)],
                    np.int64).reshape(-1, 4)
-    seqs = dst[:, :3].copy()
-    seqs[:, 2] += dst[:, 3]
     caches = []
     for room, t, n in rooms:
         room[1][0] = t + n
         grown = room[0][:, :t + n].view(KVCache)
         grown.room = room
         caches.append(grown)
-    return dst, seqs, caches
+    return dst, caches
 
 
 def kv_addresses(cache) -> tuple | None:

@@ -158,7 +158,7 @@ def _attention_batch(args, rows, attrs):
         check_heads(q.shape[1], k.shape[1], attrs["alibi_slopes"], sinks)
         grown = reserve_rows(rest[0], k, v, rows)     # the steady state: room in place
         if grown is not None:
-            dst, _, caches = grown
+            dst, caches = grown
             out = cached_rows(np.ascontiguousarray(q, dtype=np.float32), k, v, dst,
                               _scale(attrs, q.shape[-1]), attrs["causal"], _window(attrs),
                               attrs["alibi_slopes"], attrs["softcap"], sinks)

@@ -151,3 +151,45 @@ def test_batched_appends_random_batches_equal_each_sequence_alone():
                 np.testing.assert_array_equal(cache, want_cache)
                 start += n
             pasts = caches
+
+
+def test_cached_rows_writes_the_caches_and_attends_as_attention_rows():
+    """The one-call decode path (append in place, then attend) gives the bits of
+    appending and running ``attention_rows`` on the grown caches, for random batches,
+    head groupings, windows and soft-caps."""
+    import numba
+
+    from maxdecl.kernels import attention_rows as ar
+    from maxdecl.kernels.kv_cache import reserve_rows
+
+    rng = np.random.default_rng(11)
+    for trial in range(12):
+        hkv = int(rng.choice([1, 2]))
+        hq, d = hkv * int(rng.choice([1, 2, 4])), int(rng.choice([16, 40, 64]))
+        sizes = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 4)))]
+        pasts = []
+        for _ in sizes:
+            t = int(rng.integers(1, 70))
+            kv = rng.standard_normal((t, hkv, d)).astype(np.float32)
+            pasts.append(append_kv(np.zeros((2, 0, hkv, d), np.float32), kv, kv * 0.5))
+        k, v = rng.standard_normal((2, sum(sizes), hkv, d)).astype(np.float32)
+        q = rng.standard_normal((sum(sizes), hq, d)).astype(np.float32)
+        window, softcap = [None, 9][trial % 2], [None, 4.0][trial % 3 == 0]
+        want_ks, want_vs, start = [], [], 0
+        for past, n in zip(pasts, sizes):
+            want_ks.append(np.concatenate([np.asarray(past[0]), k[start:start + n]]))
+            want_vs.append(np.concatenate([np.asarray(past[1]), v[start:start + n]]))
+            start += n
+        qs = np.split(q, np.cumsum(sizes)[:-1])
+        want = np.concatenate(ar.attention_rows(qs, want_ks, want_vs, 0.3, True, window,
+                                                None, softcap))
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1 if trial % 2 else threads)      # 1: never the spread path
+        try:
+            dst, caches = reserve_rows(pasts, k, v, sizes)
+            got = ar.cached_rows(q, k, v, dst, 0.3, True, window, None, softcap)
+        finally:
+            numba.set_num_threads(threads)
+        assert got.tobytes() == want.tobytes()
+        for c, wk, wv in zip(caches, want_ks, want_vs):
+            assert np.array_equal(c[0], wk) and np.array_equal(c[1], wv)
