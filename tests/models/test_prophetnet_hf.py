@@ -14,10 +14,12 @@ The relative-position projection (a Linear whose name holds "embeddings", which
 ``randomize`` would draw N(0, 1)) is drawn N(0, 1 / d_model) like the other
 projections, so its bias is of the size of the attention scores.
 
-Each case compares, teacher-forced (input_ids and decoder_input_ids, no padding):
-``logits`` (the next-token logits, predict stream 0), ``logits_ngram`` (the further
-streams), the decoder's main and predict streams (ProphetNetModel's last_hidden_state
-and last_hidden_state_ngram) and ``encoder_last_hidden_state``.
+Each case compares, teacher-forced (enc_tokens and dec_tokens, transformers' input_ids
+and decoder_input_ids, no padding): ``logits`` (the next-token logits, predict stream
+0), ``logits_ngram`` (the further streams), the decoder's main and predict streams
+(ProphetNetModel's last_hidden_state and last_hidden_state_ngram) and
+``encoder_last_hidden_state``; and greedy generation (maxdecl's stateless decoding, no
+KV cache) against transformers' greedy ``generate``.
 """
 
 import math
@@ -129,7 +131,8 @@ def test_config_from_hf(case):
         c["ngram"], c["num_buckets"], c["relative_max_distance"])
     assert p["pad"] == c["pad_token_id"] and p["activation"] == c["activation_function"]
     assert p["context"] == c["max_position_embeddings"] - 2 - c["pad_token_id"]
-    assert ours.input_names == ["input_ids", "decoder_input_ids"]
+    assert ours.input_names == ["enc_tokens", "dec_tokens"]
+    assert p["decoder_start"] == model.config.decoder_start_token_id
     assert ours.output_names[0] == "logits"
     # tied: one table serves the encoder, the decoder and the output
     assert "output.weight" not in ours.weights and "enc_token_embd.weight" not in ours.weights
@@ -167,3 +170,34 @@ def test_source_and_position_matter(case):
     assert rel_err(mine["logits"], refs[0]["logits"]) > 100 * TOL
     assert rel_err(mine["logits"], hf_outputs(model, other, dec)["logits"]) <= TOL
     assert rel_err(got[0]["logits_ngram"][0], got[0]["logits"]) > 100 * TOL
+
+
+GEN_TOKENS = 8
+
+
+def test_generate_matches_hf_greedy(case):
+    """model.generate drives the encoder-decoder without a KV cache (every step reruns
+    the decoder over all its tokens): the source as the prompt, the decoder from
+    decoder_start (config.json's decoder_start_token_id). transformers' greedy generate
+    without its cache (use_cache=False), with no EOS stop, forced tokens, minimum length
+    or repeat ban, gives the same ids, for two sources of each case (those within
+    ``context``). transformers' cached ProphetNet decoding is not compared: in
+    transformers 5.24 it drifts from its own uncached decoding (``plain``) or raises an
+    IndexError in cache_utils (``wide``)."""
+    kind, model, path, seqs, refs, ours, got = case
+    start = model.config.decoder_start_token_id
+    assert ours.encoder_decoder and ours.params["decoder_start"] == start
+    sources = [s for s, _ in seqs if s.size <= ours.params["context"]][:2]
+    assert len(sources) == 2
+    for src in sources:
+        with torch.no_grad():
+            want = model.generate(torch.tensor(src[None]), max_new_tokens=GEN_TOKENS,
+                                  do_sample=False, num_beams=1,
+                                  decoder_start_token_id=start, eos_token_id=None,
+                                  forced_bos_token_id=None, forced_eos_token_id=None,
+                                  pad_token_id=model.config.pad_token_id, min_length=0,
+                                  no_repeat_ngram_size=0, use_cache=False)[0].tolist()
+        assert want[0] == start and len(want) == 1 + GEN_TOKENS
+        mine = ours.generate([int(t) for t in src], GEN_TOKENS, temperature=0).ids
+        print(f"prophetnet {kind} (src {src.size}): greedy {mine}")
+        assert mine == want[1:]
