@@ -25,7 +25,7 @@ from ._dispatch import njit_twins, pick
 from .aligned import address
 from .attention import _key_range, _softmax_inplace, head_values
 from .config import CACHE, FASTMATH
-from .vmath import dot16
+from .vmath import dot16, prefetch
 
 
 @intrinsic
@@ -40,6 +40,11 @@ def _f32_pointer(typingctx, addr):
     return types.CPointer(types.float32)(addr), codegen
 
 
+# A step's keys and values are usually out of the caches (the layer's weights streamed
+# through them since): each loop prefetches the row PREFETCH_ROWS ahead.
+PREFETCH_ROWS = 4
+
+
 # No fastmath here: LLVM may inline this into each kernel that calls it, and under
 # fastmath each caller vectorised the sums its own way (the twins gave results 1 ulp
 # apart, depending on what was compiled first). The scores are ``dot16`` sums and the
@@ -52,6 +57,7 @@ def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, sof
     # them; every head's sums run in the same order whatever nh.
     D = q.shape[2]
     Dv = v.shape[2]
+    hkv = k.shape[1]
     lo, hi = _key_range(pos, k.shape[0], causal, window)
     acc = np.zeros((nh, Dv), np.float32)
     n = hi - lo
@@ -63,6 +69,9 @@ def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, sof
         sc = np.empty((nh, n), np.float32)
         for j in range(n):
             kr = k[lo + j, hk]
+            ahead = ((lo + j + PREFETCH_ROWS) * hkv + hk) * D
+            for c in range(0, D, 16):               # the key row PREFETCH_ROWS ahead
+                prefetch(k, ahead + c)
             for g in range(nh):
                 t = dot16(qs[g], kr, D)
                 if softcap > 0:
@@ -73,6 +82,9 @@ def _attend(q, i, h0, nh, hk, k, v, pos, out, scale, causal, window, slopes, sof
             _softmax_inplace(sc[g], n, sinks[h0 + g])
         for j in range(n):
             vr = v[lo + j, hk]
+            ahead = ((lo + j + PREFETCH_ROWS) * hkv + hk) * Dv
+            for c in range(0, Dv, 16):
+                prefetch(v, ahead + c)
             for g in range(nh):
                 p = sc[g, j]
                 for e in range(Dv):

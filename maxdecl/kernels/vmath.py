@@ -105,3 +105,28 @@ def dot16(typingctx, a, b, n):
     if not ok:
         return None
     return types.float32(a, b, n), _dot_codegen
+
+
+def _prefetch_codegen(context, builder, sig, args):
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    arr = context.make_array(sig.args[0])(context, builder, args[0])
+    off = context.cast(builder, args[1], sig.args[1], types.int64)
+    size = context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype))
+    p = builder.gep(builder.bitcast(arr.data, i8p), [builder.mul(off, ir.Constant(
+        ir.IntType(64), size))])
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+    builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    return context.get_dummy_value()
+
+
+@intrinsic
+def prefetch(typingctx, a, i):
+    """A read prefetch of the cache line holding flat element ``i`` of the contiguous
+    array ``a``; it never faults, so ``i`` may run past the end. No effect on results."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and isinstance(i, types.Integer)):
+        return None
+    return types.void(a, i), _prefetch_codegen
