@@ -196,7 +196,7 @@ def test_float16_weights_are_cast_once_at_compile():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_norms_fuse_into_the_residual_add_and_activations_into_the_gate():
+def test_norms_fuse_into_the_residual_add_and_activations_into_the_gate(monkeypatch):
     """Gemma 3: post-norm -> residual add -> next pre-norm is one ``norm_chain`` call,
     ``gelu_tanh(gate) * up`` one ``act_mul``; Llama 3: add -> pre-norm, ``silu * up``."""
     _, on, _ = _both("gemma3")
@@ -211,6 +211,14 @@ def test_norms_fuse_into_the_residual_add_and_activations_into_the_gate():
         assert s.outputs == (add.outputs[0], post.outputs[0])
     acts = [s for s in on.steps if s.kind == "act_mul"]
     assert acts and all(nodes[s.nodes[1]].op == "gelu_tanh" for s in acts)
+    calls = []                  # the gate and up columns of one grouped call take the kernel
+    monkeypatch.setattr(fused_rows, "_UNFUSED", {k: lambda a, k=k: calls.append(k)
+                                                 for k in fused_rows._UNFUSED})
+    zero = BatchRunner(on).zero_state()
+    feed = {"tokens": np.array([1, 2]), "positions": np.arange(2),
+            "logit_rows": np.array([1]), **zero}
+    on(*(feed[n] for n in on.input_names))
+    assert not calls
     _, on, _ = _both("llama3")
     kinds = {(s.kind, s.attrs.get("pre"), s.attrs.get("post")) for s in on.steps}
     assert ("norm_chain", False, True) in kinds
@@ -288,7 +296,11 @@ def test_fused_row_kernels_match_the_ops_bit_for_bit(twin):
             want = h + r
             assert total.tobytes() == want.tobytes()
             assert normed.tobytes() == _rms_norm_run([want, w2], {"epsilon": 1e-5})[0].tobytes()
+        both = np.concatenate([x, r], axis=1)       # gate | up, as a grouped linear gives
+        gate, up = both[:, :d], both[:, d:]
         for act, kind in fused_rows.ACTIVATIONS.items():
-            out = np.empty(x.size, np.float32)
-            fused_rows._act_mul[twin](x.reshape(-1), r.reshape(-1), kind, out)
-            assert out.tobytes() == (getattr(activations, act)(x) * r).tobytes()
+            want = (getattr(activations, act)(x) * r).tobytes()
+            for a, b in ((x, r), (gate, up)):
+                out = np.empty_like(x)
+                fused_rows._act_mul[twin](a, b, kind, out)
+                assert out.tobytes() == want
