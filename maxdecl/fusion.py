@@ -118,81 +118,91 @@ def _linear_groups(nodes, bound) -> dict:
 _ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
+class _Uses:
+    """Who makes and who reads each value of ``nodes``, for the elementwise rules."""
+
+    def __init__(self, nodes, outputs: set):
+        self.nodes, self.outputs = nodes, outputs
+        self.made, self.readers = {}, {}
+        for i, n in enumerate(nodes):
+            for v in n.outputs:
+                self.made[id(v)] = i
+            for x in n.inputs:
+                self.readers.setdefault(id(x), []).append(i)
+
+    def only_reader(self, v, j) -> bool:
+        """v is read once, by node j, and is no graph output."""
+        return self.readers.get(id(v)) == [j] and id(v) not in self.outputs
+
+
+def _plain(n, op: str, n_in) -> bool:
+    return n.op == op and len(n.inputs) in n_in and len(n.outputs) == 1
+
+
 def _elementwise_steps(nodes, outputs: set, taken: set) -> tuple:
     """``({node index: fused Step}, {indices of the nodes folded into them})`` for the
     ``norm_chain`` and ``act_mul`` rules (module doc). ``taken``: nodes already fused."""
-    made, readers = {}, {}
-    for i, n in enumerate(nodes):
-        for v in n.outputs:
-            made[id(v)] = i
-        for x in n.inputs:
-            readers.setdefault(id(x), []).append(i)
-
-    def only_reader(v, j):            # v is read once, by node j, and is no graph output
-        return readers.get(id(v)) == [j] and id(v) not in outputs
-
-    def plain(n, op, n_in):
-        return n.op == op and len(n.inputs) == n_in and len(n.outputs) == 1
-
-    steps, absorbed = {}, set()
-    used = set(taken)
+    uses = _Uses(nodes, outputs)
+    steps, used = {}, set(taken)
     for j, n in enumerate(nodes):
-        if j in used or not plain(n, "add", 2) and not plain(n, "mul", 2):
+        if j in used:
             continue
-        feeders = [(k, made.get(id(x))) for k, x in enumerate(n.inputs)]
-        if n.op == "mul":
-            for k, i in feeders:
-                if (i is not None and i not in used and nodes[i].op in _ACTIVATIONS
-                        and len(nodes[i].inputs) == 1 and len(nodes[i].outputs) == 1
-                        and only_reader(nodes[i].outputs[0], j)):
-                    steps[j] = Step("act_mul", (j, i), (nodes[i].inputs[0], n.inputs[1 - k]),
-                                    tuple(n.outputs), {"act": nodes[i].op, "first": k == 0})
-                    used.update((i, j))
-                    absorbed.add(i)
-                    break
-            continue
-        pre = next(((k, i) for k, i in feeders
-                    if i is not None and i not in used and plain_norm(nodes[i])
-                    and only_reader(nodes[i].outputs[0], j)), None)
-        post = next((q for q in readers.get(id(n.outputs[0]), ())
-                     if q > j and q not in used and plain_norm(nodes[q])
-                     and nodes[q].inputs[0] is n.outputs[0]
-                     and all(made.get(id(x), -1) < j for x in nodes[q].inputs[1:])), None)
-        if pre is None and post is None:
-            continue
-        # inputs [x, r, (w1), (w2)]: the norm's x (or the add's first operand), the add's
-        # other operand, then the norms' weights when they have them
-        attrs = {"pre": pre is not None, "post": post is not None}
-        if pre is not None:
-            k, i = pre
-            p = nodes[i]
-            ins = [p.inputs[0], n.inputs[1 - k], *p.inputs[1:]]
-            attrs.update(w1=len(p.inputs) > 1, eps1=p.attrs["epsilon"], first=k == 0)
-            used.add(i)
-            absorbed.add(i)
+        if _plain(n, "mul", (2,)):
+            step = _act_mul(uses, j, used)
+        elif _plain(n, "add", (2,)):
+            step = _norm_chain(uses, j, used)
         else:
-            ins = list(n.inputs)
-            attrs.update(w1=False, eps1=0.0, first=True)
-        outs = list(n.outputs)
-        members = [j] + ([pre[1]] if pre is not None else [])
-        if post is not None:
-            q = nodes[post]
-            ins += q.inputs[1:]
-            outs += q.outputs
-            attrs.update(w2=len(q.inputs) > 1, eps2=q.attrs["epsilon"])
-            used.add(post)
-            absorbed.add(post)
-            members.append(post)
-        else:
-            attrs.update(w2=False, eps2=0.0)
-        used.add(j)
-        steps[j] = Step("norm_chain", tuple(members), tuple(ins), tuple(outs), attrs)
+            continue
+        if step is not None:
+            steps[j] = step
+            used.update(step.nodes)
+    absorbed = {i for s in steps.values() for i in s.nodes[1:]}
     return steps, absorbed
 
 
-def plain_norm(n) -> bool:
-    """An ``rms_norm`` node of x and an optional weight, with one output."""
-    return n.op == "rms_norm" and len(n.inputs) in (1, 2) and len(n.outputs) == 1
+def _act_mul(uses, j, used):
+    """The ``act_mul`` step of mul node j, or None."""
+    nodes, n = uses.nodes, uses.nodes[j]
+    for k, x in enumerate(n.inputs):
+        i = uses.made.get(id(x))
+        if (i is not None and i not in used and nodes[i].op in _ACTIVATIONS
+                and _plain(nodes[i], nodes[i].op, (1,)) and uses.only_reader(x, j)):
+            return Step("act_mul", (j, i), (nodes[i].inputs[0], n.inputs[1 - k]),
+                        tuple(n.outputs), {"act": nodes[i].op, "first": k == 0})
+    return None
+
+
+def _norm_chain(uses, j, used):
+    """The ``norm_chain`` step of add node j, or None: the norm feeding it (read by it
+    alone) and the first norm of its sum whose other inputs exist before it. Inputs
+    ``[x, r, (w1), (w2)]``: the norm's x (or the add's first operand), the add's other
+    operand, then the norms' weights when they have them."""
+    nodes, n = uses.nodes, uses.nodes[j]
+    pre = next(((k, i) for k, i in ((k, uses.made.get(id(x))) for k, x in enumerate(n.inputs))
+                if i is not None and i not in used and _plain(nodes[i], "rms_norm", (1, 2))
+                and uses.only_reader(n.inputs[k], j)), None)
+    post = next((q for q in uses.readers.get(id(n.outputs[0]), ())
+                 if q > j and q not in used and _plain(nodes[q], "rms_norm", (1, 2))
+                 and nodes[q].inputs[0] is n.outputs[0]
+                 and all(uses.made.get(id(x), -1) < j for x in nodes[q].inputs[1:])), None)
+    if pre is None and post is None:
+        return None
+    attrs = {"pre": pre is not None, "post": post is not None, "w1": False, "eps1": 0.0,
+             "first": True, "w2": False, "eps2": 0.0}
+    members, ins, outs = [j], list(n.inputs), list(n.outputs)
+    if pre is not None:
+        k, i = pre
+        p = nodes[i]
+        ins = [p.inputs[0], n.inputs[1 - k], *p.inputs[1:]]
+        attrs.update(w1=len(p.inputs) > 1, eps1=p.attrs["epsilon"], first=k == 0)
+        members.append(i)
+    if post is not None:
+        q = nodes[post]
+        ins += q.inputs[1:]
+        outs += q.outputs
+        attrs.update(w2=len(q.inputs) > 1, eps2=q.attrs["epsilon"])
+        members.append(post)
+    return Step("norm_chain", tuple(members), tuple(ins), tuple(outs), attrs)
 
 
 def _weight_kind(w):
