@@ -54,9 +54,8 @@ def _check_named_dims(x, new) -> None:
         held = ", ".join(sorted(names)) or "none"
         raise ValueError(f"reshape to {format_shape(new)}: at most one dim may be left to infer "
                          f"(-1, or a symbolic dim whose names x{format_shape(x.shape)} does not "
-                         f"hold as dims; it holds: {held}), got {format_shape(loose)}; to split "
-                         f"an axis into sizes another value holds (batch*queries into batch, "
-                         f"queries), use unflatten with like: and like_axes:")
+                         f"hold as dims; it holds: {held}), got {format_shape(loose)}; unflatten "
+                         f"(like) splits an axis by another value's sizes")
 
 
 def _transpose_rule(inputs, attrs):
