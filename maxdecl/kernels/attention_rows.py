@@ -242,6 +242,20 @@ def spread_per(group: int, tasks_per_head: int, threads: int) -> int:
     return 1
 
 
+def _split(twins, rows: int, hq: int, hkv: int, work: int) -> tuple:
+    """(kernel, query heads per task) for ``rows`` query rows: a task per row and
+    key/value head (its query heads read each K, V row once), or, when that leaves a
+    thread idle on a parallel call, the fewest tasks that keep every thread busy (the
+    most query heads a task whose count divides the group)."""
+    threads = numba.get_num_threads()
+    idle = rows * hkv < threads
+    kernel = twins[0] if idle and hq > hkv and work >= SPREAD_MIN_WORK else pick(twins, work)
+    per = hq // hkv
+    if idle and kernel is twins[0]:
+        per = spread_per(hq // hkv, rows * hkv, threads)
+    return kernel, per
+
+
 def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
                scale: float, causal: bool, window, slopes, softcap,
                sinks=None) -> np.ndarray:
@@ -257,16 +271,7 @@ def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
     out = np.empty((q.shape[0], hq, dv), np.float32)
     if out.size:
         work = hq * d * sum(n * t for n, t in zip(sizes, lengths))
-        # a task per row and key/value head (its query heads read each K, V row once),
-        # or, when that leaves a thread idle on a parallel call, the fewest tasks that
-        # keep every thread busy: the most query heads a task whose count divides the group
-        threads = numba.get_num_threads()
-        idle = q.shape[0] * hkv < threads
-        kernel = (_attention_rows[0] if idle and hq > hkv and work >= SPREAD_MIN_WORK
-                  else pick(_attention_rows, work))
-        per = hq // hkv
-        if idle and kernel is _attention_rows[0]:
-            per = spread_per(hq // hkv, q.shape[0] * hkv, threads)
+        kernel, per = _split(_attention_rows, q.shape[0], hq, hkv, work)
         kernel(q, rows, seqs, hkv, out, np.float32(scale), bool(causal), int(window or 0),
                head_values(slopes, hq, 0.0), np.float32(softcap or 0.0), per,
                head_values(sinks, hq, -np.inf))
@@ -285,13 +290,7 @@ def cached_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, dst: np.ndarray, sc
     if out.size:
         sizes = dst[:, 3]
         work = hq * d * int(sizes @ (dst[:, 2] + sizes))
-        threads = numba.get_num_threads()
-        idle = q.shape[0] * hkv < threads
-        spread = idle and hq > hkv and work >= SPREAD_MIN_WORK
-        kernel = _attention_cached[0] if spread else pick(_attention_cached, work)
-        per = hq // hkv
-        if idle and kernel is _attention_cached[0]:
-            per = spread_per(hq // hkv, q.shape[0] * hkv, threads)
+        kernel, per = _split(_attention_cached, q.shape[0], hq, hkv, work)
         kernel(q, k, v, dst, out, np.float32(scale), bool(causal), int(window or 0),
                head_values(slopes, hq, 0.0), np.float32(softcap or 0.0), per,
                head_values(sinks, hq, -np.inf))
