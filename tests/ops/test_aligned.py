@@ -34,3 +34,29 @@ def test_gemv_aligns_misaligned_rows_without_changing_numbers():
     gemv.gemv(x, w, "q8_0", a)
     gemv.gemv(np.ascontiguousarray(x).copy(), w, "q8_0", b)
     assert a.tobytes() == b.tobytes()
+
+
+def test_gemv_aligns_a_single_long_misaligned_row():
+    """One x row off a 64-byte boundary and longer than ONE_ROW_BYTES is copied too (a
+    short one is read in place): same bits as the row read from an aligned buffer."""
+    import maxdecl as md
+    from maxdecl.kernels import gemv
+
+    rng = np.random.default_rng(4)
+    k = gemv.ONE_ROW_BYTES // 4 + 32
+    w = md.codecs.get("q5_0").quantize(rng.standard_normal((24, k)).astype(np.float32))
+    buf = np.empty(k + 16, np.float32)
+    off = (-buf.ctypes.data % 64) // 4 + 4      # the row starts 16 bytes past a boundary
+    x = buf[off:off + k].reshape(1, k)
+    x[...] = rng.standard_normal((1, k))
+    got = gemv.aligned_rows(x)
+    assert not rows_aligned(x) and rows_aligned(got) and got.tobytes() == x.tobytes()
+    aligned = empty_aligned((1, k))
+    aligned[...] = x
+    assert gemv.aligned_rows(aligned) is aligned
+    short = buf[off:off + 640].reshape(1, 640)   # in L1: read where it is
+    assert gemv.aligned_rows(short) is short
+    a, b = np.empty((1, 24), np.float32), np.empty((1, 24), np.float32)
+    gemv.gemv(x, w, "q5_0", a)
+    gemv.gemv(aligned, w, "q5_0", b)
+    assert a.tobytes() == b.tobytes()
