@@ -331,9 +331,6 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     checks.check_tokenizer_arg(tokenizer)
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
-    from .kernels.cache_load import prepare_runtime_in_background
-
-    prepare_runtime_in_background()          # overlaps the weights' loading
     note, tok, params = "", None, {}
     if weights is None:
         weights = default_weights(spec.name, spec.file)

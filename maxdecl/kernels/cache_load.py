@@ -40,22 +40,3 @@ def install() -> None:
 
     load_overload._maxdecl_light = True
     cache.load_overload = load_overload
-
-
-def prepare_runtime_in_background() -> None:
-    """Start initialising numba's runtime (it compiles its allocator helpers: 30-50 ms,
-    mostly in LLVM, which runs without the GIL) on a thread, so that it overlaps the
-    loading of weights and the first kernel does not wait for it. numba's compiler lock
-    serialises it with any kernel load that comes first."""
-    import threading
-
-    def prepare():
-        try:
-            from numba.core.registry import cpu_target
-            from numba.core.runtime import rtsys
-
-            rtsys.initialize(cpu_target.target_context)
-        except Exception:   # noqa: BLE001 - the first kernel load initialises it anyway
-            pass
-
-    threading.Thread(target=prepare, name="maxdecl-numba-runtime", daemon=True).start()
