@@ -594,10 +594,12 @@ def remap(td, tensors: dict, transforms: dict | None = None, params: dict | None
     for s, t in tensors.items():
         if t is None:
             continue
-        if "*" in s and (not isinstance(t, str) or t.count("*") != s.count("*")):
+        named = t["name"] if isinstance(t, dict) and set(t) == {"name", "when"} else t
+        if "*" in s and (not isinstance(named, str) or named.count("*") != s.count("*")):
             raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' pattern keeps its text: the "
-                               "target is one name with as many '*' (or null, to drop)")
-        if "*" in str(t) and "*" not in s:
+                               "target is one name with as many '*' ({name, when} or null, "
+                               "to drop)")
+        if "*" in str(named) and "*" not in s:
             raise WeightsError(f"mapping {s!r} -> {t!r}: a '*' in the target needs one in "
                                "the source")
         for one in _split_targets(s, t):

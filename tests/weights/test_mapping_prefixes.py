@@ -71,3 +71,19 @@ def test_a_conditional_entry_maps_some_indices_and_drops_the_rest():
         remap(td, {"layers.{i}.k.weight": {"name": "blk.{i}.k", "when": "{i + 1}"}})
     with pytest.raises(md.WeightsError, match="a conditional target is"):
         remap(td, {"layers.{i}.k.weight": {"name": "", "when": "{True}"}})
+
+
+def test_a_conditional_entry_carries_the_sources_stars():
+    """DETR's backbone: a stage's norm tensors (weight, bias, running statistics) through
+    one ``*`` entry, kept for the stages that run, dropped for the others."""
+    stats = ("weight", "bias", "running_mean", "running_var")
+    td = _td([f"stages.{s}.norm.{k}" for s in range(3) for k in stats])
+    entry = {"name": "blk.{s}.norm.*", "when": "{s < n_run}"}
+    out = remap(td, {"stages.{s}.norm.*": entry}, params={"n_run": 2},
+                expected=[f"blk.{s}.norm.{k}" for s in range(2) for k in stats])
+    assert sorted(out.keys()) == sorted(f"blk.{s}.norm.{k}" for s in range(2) for k in stats)
+    assert out["blk.1.norm.running_var"][0] == 7
+    with pytest.raises(WeightsError, match="a '\\*' pattern keeps its text"):
+        remap(td, {"stages.{s}.norm.*": {"name": "blk.{s}.norm", "when": "{True}"}})
+    with pytest.raises(WeightsError, match="a '\\*' in the target needs one in the source"):
+        remap(td, {"stages.{s}.norm.weight": {"name": "blk.{s}.*", "when": "{True}"}})
