@@ -38,9 +38,11 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
     Only parameters change, every one of them: a frozen parameter the checkpoint does
     not save (Marian's sinusoidal position table) is overwritten too, so compare with a
     model reloaded by ``from_pretrained``. Buffers (a router's persistent
-    ``expert_bias``) keep their values; ``running_stats=True`` also draws BatchNorm
+    ``expert_bias``) keep their values; ``running_stats=True`` also draws every norm's
     running means (0.1 N(0, 1)) and variances (U(0.5, 1.5)), which otherwise stay 0 and 1
-    and go untested. A tied output head over an N(0, 1) table makes greedy decoding
+    and go untested: BatchNorm's and those of any module holding ``running_mean`` and
+    ``running_var`` buffers (a frozen batch norm, as DETR's, whose gain and bias are
+    buffers too: drawn as a norm's weight and bias). A tied output head over an N(0, 1) table makes greedy decoding
     repeat the last token: scale the table (``* 0.1``, as test_gpt2_hf does) before a
     generation test (a post-norm model, whose last LayerNorm undoes the scale, may repeat
     anyway: test generation on an untied case there).
@@ -73,10 +75,17 @@ def randomize(model, seed: int, norm_center: float = 1.0, norm_spread: float = 0
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
         if running_stats:
             for m in model.modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and \
-                        m.running_mean is not None:
-                    m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=gen))
-                    m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=gen))
+                own = dict(m.named_buffers(recurse=False))
+                if own.get("running_mean") is None or own.get("running_var") is None:
+                    continue
+                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=gen))
+                m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=gen))
+                if own.get("weight") is not None:      # a frozen norm: its gain is a buffer
+                    own["weight"].copy_(norm_center + norm_spread * torch.randn(
+                        own["weight"].shape, generator=gen))
+                if own.get("bias") is not None:
+                    own["bias"].copy_(bias_spread * torch.randn(own["bias"].shape,
+                                                                generator=gen))
     return model.eval()
 
 
