@@ -192,7 +192,7 @@ def _tensor(path: str, name: str, arr: np.ndarray, dtype: str, enc):
                 or not isinstance(enc.get("shape"), list)
                 or not all(type(d) is int and d >= 0 for d in enc["shape"])):
             raise WeightsError(f"{path}: tensor {name!r}: corrupted encoding record {enc!r}")
-        check_shape(f"{path}: tensor {name!r}: encoding record", enc["shape"])
+        check_shape(f"{path}: tensor {name!r}: encoding record", enc["shape"], 4)  # float32
         if dtype != "U8":
             raise WeightsError(f"{path}: tensor {name!r}: quantized tensors are stored as U8, "
                                f"found {dtype}")

@@ -397,7 +397,7 @@ def _tensor(path, buf, size, header, name, ne, gtype, offset):
     row_bytes = ne[0] // block_elements * block_bytes
     nbytes = n_elements // block_elements * block_bytes
     _check_range(where, start, nbytes, size)
-    check_shape(where, shape)
+    check_shape(where, shape, 4)                    # as the float32 it decodes to
     data = np.frombuffer(buf, np.uint8, nbytes, start).reshape(*shape[:-1], row_bytes)
     try:
         return QuantizedTensor(data, shape, enc)

@@ -37,6 +37,9 @@ def _safetensors(header: str, data: bytes = b"") -> bytes:
 CASES = {
     "gguf_zero_hides_huge": (_gguf((0, 2**63)), "too large"),
     "gguf_huge_zero": (_gguf((2**62, 2**62, 0)), "too large"),
+    # a quantized tensor is checked as the float32 it decodes to: 2**61 q6_k values by 0
+    # rows is 2**61 bytes packed-span but 2**63 as float32
+    "gguf_quantized_zero_hides_huge": (_gguf((2**61, 0), gtype=14), "too large"),
     "st_zero_hides_huge": (_safetensors('{"a": {"dtype": "F32", "shape": [0, 2305843009213693952, '
                                         '2305843009213693952], "data_offsets": [0, 0]}}'),
                            "too large"),
