@@ -16,11 +16,21 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+# llama-cpp-python compiled for the build machine (-march=native) on a CPU with AMX
+# (Intel Sapphire Rapids and later) has crashed with SIGSEGV at ldtilecfg in
+# ggml_backend_amx_mul_mat on a VM; the same build without the AMX path runs.
+AMX_HINT = ("\nOn a CPU with AMX, rebuild llama-cpp-python without its AMX path:\n"
+            "  CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON "
+            "-DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+            "-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON' pip install --force-reinstall "
+            "--no-deps --no-cache-dir llama-cpp-python")
 
 PROMPT = ("Once upon a time, in a small village at the edge of a great forest, there lived an "
           "old clockmaker named Elias. Every morning he opened the shutters of his shop, wound "
@@ -158,7 +168,12 @@ def _spawn(engine: str, threads: int, env=None) -> dict:
     cmd = [sys.executable, __file__, "--worker", engine, "--threads", str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
-        raise SystemExit(f"{engine} worker failed:\n{out.stderr[-3000:]}")
+        why = out.stderr[-3000:]
+        if out.returncode < 0:
+            why += f"\n(killed by {signal.Signals(-out.returncode).name})"
+        if engine == "llama" and out.returncode == -signal.SIGSEGV:
+            why += AMX_HINT
+        raise SystemExit(f"{engine} worker failed:\n{why}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -219,7 +234,7 @@ def main() -> None:
         try:
             runs["llama.cpp"].append(_spawn("llama", a.threads))
         except SystemExit as e:
-            print(f"llama.cpp unavailable: {str(e)[:200]}")
+            print(f"llama.cpp unavailable: {str(e)[-1500:]}")
             runs["llama.cpp"] = []
             break
 

@@ -31,17 +31,28 @@ def package_stamp() -> str:
 
 
 def install() -> None:
-    """Put the package-stamped locator first in numba's cache locators (once)."""
+    """Put package-stamped locators first in numba's cache locators (once): one for
+    each of numba's own that a kernel file can use, in numba's order, so a
+    ``NUMBA_CACHE_DIR`` still wins over the package's ``__pycache__``, and a read-only
+    install still falls back to the user-wide cache, stamped either way."""
     from numba.core import caching
 
     impl = getattr(caching, "CacheImpl", None)
-    base = getattr(caching, "InTreeCacheLocator", None)
-    if impl is None or base is None or not hasattr(impl, "_locator_classes"):
+    if impl is None or not hasattr(impl, "_locator_classes"):
         return                          # another numba layout: its own stamps apply
+    if any(getattr(c, "package_stamped", False) for c in impl._locator_classes):
+        return
+    bases = [getattr(caching, n, None) for n in
+             ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")]
+    impl._locator_classes[:0] = [_stamped(b) for b in bases if b is not None]
 
-    class PackageStampedLocator(base):
-        """numba's in-tree locator for this package's kernels, stamped with the hash
-        of all kernel sources besides the kernel's own file."""
+
+def _stamped(base):
+    """``base`` for this package's kernel files only, stamped with the hash of all
+    kernel sources besides the kernel's own file."""
+
+    class Stamped(base):
+        package_stamped = True
 
         def get_source_stamp(self):
             return (super().get_source_stamp(), package_stamp())
@@ -52,5 +63,5 @@ def install() -> None:
                 return None
             return super().from_function(py_func, py_file)
 
-    if not any(c.__name__ == "PackageStampedLocator" for c in impl._locator_classes):
-        impl._locator_classes.insert(0, PackageStampedLocator)
+    Stamped.__name__ = Stamped.__qualname__ = f"PackageStamped{base.__name__}"
+    return Stamped
