@@ -468,10 +468,10 @@ def test_gemv_decoders_are_exact(enc, lanes):
     np.testing.assert_array_equal(got.T, want)
 
 
-@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k", "iq4_nl", "iq4_xs"])
+@pytest.mark.parametrize("enc", ["q4_0", "q5_0", "q4_k", "iq4_nl", "iq4_xs", "q6_k"])
 def test_gemv_table_decoders_equal_plain_decoders(enc):
-    """The 16-lane table decoders (a code indexes a per-block table of dequantized values)
-    give bit for bit the plain decoders' outputs, on raw blocks with every code and
+    """The 16-lane table decoders (a code indexes a per-block table of dequantized values;
+    q6_k: codes put together 64 bytes at a time) give bit for bit the plain decoders' outputs, on raw blocks with every code and
     high-bit pattern and fp16 scales of both signs down to subnormals, for 1 to 9 rows."""
     from maxdecl.kernels import gemv
 
