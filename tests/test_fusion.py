@@ -302,5 +302,6 @@ def test_fused_row_kernels_match_the_ops_bit_for_bit(twin):
             want = (getattr(activations, act)(x) * r).tobytes()
             for a, b in ((x, r), (gate, up)):
                 out = np.empty_like(x)
-                fused_rows._act_mul[twin](a, b, kind, out)
+                (fa, sa), (fb, sb) = fused_rows.rows_flat(a), fused_rows.rows_flat(b)
+                fused_rows._act_mul[twin](fa, sa, fb, sb, kind, out)
                 assert out.tobytes() == want

@@ -36,18 +36,39 @@ def _norm_add_norm(x, w1, eps1, pre, r, w2, eps2, post, total, normed):
 
 
 @njit_twins(error_model="numpy")
-def _act_mul(a, b, kind, out):
-    # a, b, out: (R, D) f32 (a, b may be column slices: a gate and an up projection of
-    # one grouped call); out = act(a) * b with act 0 silu, 1 gelu_tanh, 2 gelu (erf)
-    for r in numba.prange(a.shape[0]):
-        for i in range(a.shape[1]):
-            if kind == 0:
-                v = silu_one(a[r, i])
-            elif kind == 1:
-                v = gelu_tanh_one(a[r, i])
-            else:
-                v = np.float32(gelu_one(a[r, i]))
-            out[r, i] = v * b[r, i]
+def _act_mul(a, sa, b, sb, kind, out):
+    # a, b: (n,) f32 C order holding R rows of D values, row r at r*sa (r*sb) -- a gate
+    # and an up projection may be column slices of one grouped call's output, whose
+    # rows are not adjacent; out: (R, D) f32. out = act(a) * b with act 0 silu,
+    # 1 gelu_tanh, 2 gelu (erf). The rows are read as unit-stride runs of a 1-D array:
+    # the same loop over a strided 2-D view did not vectorise (128 x 2048, one thread,
+    # gelu_tanh: 2.1 ms against 0.28).
+    d = out.shape[1]
+    for r in numba.prange(out.shape[0]):
+        ar, br, o = a[r * sa:r * sa + d], b[r * sb:r * sb + d], out[r]
+        if kind == 0:
+            for i in range(d):
+                o[i] = silu_one(ar[i]) * br[i]
+        elif kind == 1:
+            for i in range(d):
+                o[i] = gelu_tanh_one(ar[i]) * br[i]
+        else:
+            for i in range(d):
+                o[i] = np.float32(gelu_one(ar[i])) * br[i]
+
+
+def rows_flat(x) -> tuple:
+    """A 2-D float32 array whose rows are contiguous (``x.strides[1] == 4``) as ``(flat,
+    row_stride)``: a 1-D C-order view from its first element to its last, and the
+    distance between row starts in elements. Only the elements of ``x`` are read
+    through it; the span between its rows lies inside the buffer ``x`` views."""
+    rows, d = x.shape
+    if x.flags.c_contiguous:
+        return x.reshape(-1), d
+    step = x.strides[0] // 4 if rows > 1 else d
+    span = (rows - 1) * step + d
+    return np.lib.stride_tricks.as_strided(x, shape=(span,), strides=(4,),
+                                           writeable=False), step
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
@@ -73,8 +94,10 @@ def _strided_rows(a, b):
     """2-D float32 a and b of one shape whose rows are contiguous (column slices of one
     grouped linear's output) as they are, else None."""
     if (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype is _F32
-            and b.dtype is _F32 and a.shape == b.shape and a.shape[1]
-            and a.strides[1] == 4 and b.strides[1] == 4):
+            and b.dtype is _F32 and a.shape == b.shape and a.shape[0] and a.shape[1]
+            and a.strides[1] == 4 and b.strides[1] == 4
+            and all(x.shape[0] == 1 or (x.strides[0] % 4 == 0 and x.strides[0] >= 4 * x.shape[1])
+                    for x in (a, b))):
         return a, b
     return None
 
@@ -145,7 +168,8 @@ def act_mul(args, attrs):
     rows = _rows_of(a, b) if a.ndim != 2 else _strided_rows(a, b)
     if rows is not None:
         out = np.empty(a.shape, np.float32)
-        pick(_act_mul, a.size)(rows[0], rows[1], ACTIVATIONS[attrs["act"]],
+        (fa, sa), (fb, sb) = rows_flat(rows[0]), rows_flat(rows[1])
+        pick(_act_mul, a.size)(fa, sa, fb, sb, ACTIVATIONS[attrs["act"]],
                                out.reshape(rows[0].shape))
         return [out]
     y = _UNFUSED[attrs["act"]](a)
