@@ -655,10 +655,6 @@ def _q4_k_unit_t(builder, bp, ctx, u, lanes):
     return out
 
 
-def _bytes_splat(v, n):
-    return ir.Constant(ir.VectorType(_IR_I8, n), [v] * n)
-
-
 def _q6_k_unit_b(builder, bp, dsc, u, lanes):
     # as _q6_k_unit, with the 6-bit codes of the unit's 64 values put together as 64
     # bytes at once (a zmm with AVX-512BW) and widened 16 at a time: the same codes and
@@ -669,14 +665,14 @@ def _q6_k_unit_b(builder, bp, dsc, u, lanes):
     h, odd = u // 2, u % 2
     ql = _ir_load(builder, bp, 64 * h, ir.VectorType(_IR_I8, 64))
     qh = _ir_load(builder, bp, 128 + 32 * h, ir.VectorType(_IR_I8, 32))
-    lo = builder.and_(builder.lshr(ql, _bytes_splat(4, 64)) if odd else ql, _bytes_splat(15, 64))
+    lo = builder.and_(builder.lshr(ql, _vb(64, 4)) if odd else ql, _vb(64, 15))
     if odd:
-        ha, hb = qh, builder.lshr(qh, _bytes_splat(2, 32))
+        ha, hb = qh, builder.lshr(qh, _vb(32, 2))
     else:
-        ha, hb = builder.shl(qh, _bytes_splat(4, 32)), builder.shl(qh, _bytes_splat(2, 32))
+        ha, hb = builder.shl(qh, _vb(32, 4)), builder.shl(qh, _vb(32, 2))
     hi = builder.and_(builder.shuffle_vector(ha, hb, _vi(64, list(range(64)))),
-                      _bytes_splat(48, 64))
-    q = builder.sub(builder.or_(lo, hi), _bytes_splat(32, 64))
+                      _vb(64, 48))
+    q = builder.sub(builder.or_(lo, hi), _vb(64, 32))
     out = []
     for k in range(UNIT // 16):
         qk = builder.sext(_ir_pick(builder, q, range(16 * k, 16 * k + 16)),

@@ -127,17 +127,21 @@ def test_vilt_patches_in_order(vilt, ours):
     assert rel_err(got["pooler_output"], ref_p) <= TOL
 
 
-def test_vilt_other_image_size_resizes_positions(vilt, ours):
-    """A 48x40 image (6x5 patches): the 4x4 position table is resized (bilinear,
-    align_corners) to the grid, as transformers does."""
-    model = vilt[0]
-    feed = make_feed(48, 40, seed=2)
+def _agrees(model, ours, feed, label):
+    """Our hidden states and pooler output for ``feed`` within TOL of transformers'."""
     ref_h, ref_p, ids = hf_run(model, feed)
     got = ours_run(ours, feed, ids)
     eh = rel_err(got["last_hidden_state"], ref_h)
     ep = rel_err(got["pooler_output"], ref_p)
-    print(f"vilt 48x40 vs HF: {eh:.2e}, {ep:.2e}")
+    print(f"vilt {label} vs HF: {eh:.2e}, {ep:.2e}")
     assert eh <= TOL and ep <= TOL
+
+
+def test_vilt_other_image_size_resizes_positions(vilt, ours):
+    """A 48x40 image (6x5 patches): the 4x4 position table is resized (bilinear,
+    align_corners) to the grid, as transformers does."""
+    model = vilt[0]
+    _agrees(model, ours, make_feed(48, 40, seed=2), "48x40")
 
 
 def test_vilt_padded_images_and_text(vilt, ours):
@@ -151,12 +155,7 @@ def test_vilt_padded_images_and_text(vilt, ours):
     feed = make_feed(seed=3, pixel_mask=pm)
     feed["attention_mask"][1, SEQ - 3:] = 0
     feed["token_type_ids"][0, 3:] = 1
-    ref_h, ref_p, ids = hf_run(model, feed)
-    got = ours_run(ours, feed, ids)
-    eh = rel_err(got["last_hidden_state"], ref_h)
-    ep = rel_err(got["pooler_output"], ref_p)
-    print(f"vilt padded vs HF: {eh:.2e}, {ep:.2e}")
-    assert eh <= TOL and ep <= TOL
+    _agrees(model, ours, feed, "padded")
 
 
 def test_vilt_position_table_matters(vilt):
