@@ -7,7 +7,10 @@ token, the generation), maxdecl's start-up time to the first token with a warm a
 cold numba cache, and the whole ``maxdecl run ... --max-new-tokens 1`` process (wall
 time, peak RSS). Run by hand on an idle machine:
 
-    python bench/generate.py [--runs 3] [--threads 2]
+    python bench/generate.py [--runs 3] [--threads 2] [--activations q8]
+
+``--activations q8`` runs maxdecl with int8-rounded x in its decode matmuls (as
+llama.cpp does; ``md.compile(..., activations="q8")``), through ``MAXDECL_ACTIVATIONS``.
 """
 
 from __future__ import annotations
@@ -220,7 +223,11 @@ def main() -> None:
     ap.add_argument("--worker", choices=["maxdecl", "llama"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--activations", choices=["f32", "q8"],
+                    help="maxdecl's GEMV activations (default: MAXDECL_ACTIVATIONS, else f32)")
     a = ap.parse_args()
+    if a.activations:
+        os.environ["MAXDECL_ACTIVATIONS"] = a.activations      # every worker inherits it
     if a.worker:
         fn = worker_maxdecl if a.worker == "maxdecl" else worker_llama
         print(json.dumps(fn(a.threads)))
@@ -243,7 +250,8 @@ def main() -> None:
         return statistics.median(vals) if vals else float("nan")
 
     print(f"Gemma 3 270M Q4_K_M, {a.threads} threads, prompt {N_PROMPT}, gen {N_GEN}, "
-          f"{a.runs} runs (medians; spread in brackets)")
+          f"{a.runs} runs (medians; spread in brackets); maxdecl activations "
+          f"{os.environ.get('MAXDECL_ACTIVATIONS') or 'f32'}")
     for key, label in (("prefill_tps", "prefill tokens/s"), ("decode_tps", "decode tokens/s"),
                        ("rss_mb", "peak RSS MB")):
         m, l = med("maxdecl", key), med("llama.cpp", key)

@@ -2,8 +2,9 @@
 
 For q4_0, q5_0, q8_0, q4_k and q6_k (``--encodings`` takes any of GGML's types here, e.g.
 q5_k,q4_1,q5_1,q3_k,q2_k,iq4_xs) at (N, K) = (262144, 640) (Gemma 3's tied output head)
-and (4096, 14336), with M = 1 and 8 rows of x: median time of ``qmatmul``
-(through the op's run), effective weight bandwidth (packed bytes of W / time) as a
+and (4096, 14336), with M = 1 and 8 rows of x, each with float32 x and with int8-rounded
+x (``--activations``, default both; ``md.compile(..., activations="q8")``): median time
+of ``qmatmul`` (through the op's run), effective weight bandwidth (packed bytes of W / time) as a
 share of the machine's read bandwidth (a numba parallel sum over 512 MiB of float32,
 measured in the same run), what 8 rows cost against one, and the ratio against numpy's
 float32 matmul on weights decoded beforehand (4-7x the bytes), same run.
@@ -50,6 +51,23 @@ def _timeit(fn, reps, warm=True):
         fn()
         ts.append(CLOCK() - t)
     return float(np.median(ts)), min(ts), max(ts)
+
+
+def _timeit_modes(fn, modes, var, reps):
+    """``_timeit`` of ``fn`` under each value of the context variable ``var`` in
+    ``modes``, the modes' calls taken in turn: [(median, min, max)] in ``modes`` order."""
+    ts = {mode: [] for mode in modes}
+    for i in range(reps + 1):                  # the first round warms up
+        for mode in modes:
+            token = var.set(mode)
+            try:
+                t = CLOCK()
+                fn()
+                if i:
+                    ts[mode].append(CLOCK() - t)
+            finally:
+                var.reset(token)
+    return [(float(np.median(ts[m])), min(ts[m]), max(ts[m])) for m in modes]
 
 
 def _read_bandwidth(mib=512, reps=7):
@@ -142,6 +160,9 @@ def main(argv=None):
                     help="--gemma: timed calls per shape (at least 3 passes over its layers)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with process CPU time (meaningful with --threads 1)")
+    ap.add_argument("--activations", choices=["f32", "q8", "both"], default="both",
+                    help="x as float32 (exact), int8-rounded (md.compile(..., "
+                    "activations='q8')), or both in turn")
     args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
@@ -151,6 +172,7 @@ def main(argv=None):
     from gguf import quants as gq
 
     import maxdecl as md
+    from maxdecl.kernels.config import ACTIVATION_MODE
     from maxdecl.ops import _registry
 
     if args.threads:
@@ -166,7 +188,8 @@ def main(argv=None):
     bw, bw_lo, bw_hi = _read_bandwidth()
     print(f"read bandwidth (numba prange sum, 512 MiB f32): {bw / 1e9:.1f} GB/s "
           f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})\n")
-    head = (f"{'enc':5} {'N':>6} {'K':>5} {'W MB':>6} {'M':>2} {'ours ms':>8} {'spread':>15} "
+    modes = ["f32", "q8"] if args.activations == "both" else [args.activations]
+    head = (f"{'enc':5} {'N':>6} {'K':>5} {'W MB':>6} {'M':>2} {'x':>3} {'ours ms':>8} {'spread':>15} "
             f"{'W GB/s':>7} {'%bw':>5} {'numpy ms':>9} {'x numpy':>7}")
     print(head)
     print("-" * len(head))
@@ -182,21 +205,29 @@ def main(argv=None):
             for m in (1, 8):
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 reps = 5 if args.quick else 11
-                t, lo, hi = _timeit(lambda: run([x, qt], {}), reps)
+                # the modes' calls alternate, so that both see the machine's same moments
+                timed = _timeit_modes(lambda: run([x, qt], {}), modes, ACTIVATION_MODE, reps)
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, 3)
-                wbw = data.nbytes / t
-                pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"
-                print(f"{enc:5} {n:6} {k:5} {data.nbytes / 1e6:6.1f} {m:2} {t * 1e3:8.2f} "
-                      f"{lo * 1e3:7.2f}-{hi * 1e3:7.2f} {wbw / 1e9:7.1f} {pct} {tb * 1e3:9.2f} "
-                      f"{tb / t:7.2f}", flush=True)
-                results.append((enc, n, k, m, t, wbw))
+                for mode, (t, lo, hi) in zip(modes, timed):
+                    wbw = data.nbytes / t
+                    pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"
+                    print(f"{enc:5} {n:6} {k:5} {data.nbytes / 1e6:6.1f} {m:2} {mode:>3} "
+                          f"{t * 1e3:8.2f} {lo * 1e3:7.2f}-{hi * 1e3:7.2f} {wbw / 1e9:7.1f} "
+                          f"{pct} {tb * 1e3:9.2f} {tb / t:7.2f}", flush=True)
+                    results.append((enc, n, k, m, mode, t, wbw))
             del w_f32
-    one = {(e, n, k): (t, b) for e, n, k, m, t, b in results if m == 1}
-    print("\nGEMV weight bandwidth / read bandwidth (target >= 85%): "
-          + ", ".join(f"{e} {n}x{k} {100 * b / bw:.0f}%" for (e, n, k), (t, b) in one.items()))
-    print("8 rows cost (x one row's time): "
-          + ", ".join(f"{e} {n}x{k} {t8 / one[(e, n, k)][0]:.2f}"
-                      for e, n, k, m, t8, _ in results if m == 8))
+    for mode in modes:
+        one = {(e, n, k): (t, b) for e, n, k, m, md_, t, b in results if m == 1 and md_ == mode}
+        print(f"\n{mode} x: GEMV weight bandwidth / read bandwidth (target >= 85%): "
+              + ", ".join(f"{e} {n}x{k} {100 * b / bw:.0f}%" for (e, n, k), (t, b) in one.items()))
+        print(f"{mode} x: 8 rows cost (x one row's time): "
+              + ", ".join(f"{e} {n}x{k} {t8 / one[(e, n, k)][0]:.2f}"
+                          for e, n, k, m, md_, t8, _ in results if m == 8 and md_ == mode))
+    if len(modes) == 2:
+        t_of = {(e, n, k, m, md_): t for e, n, k, m, md_, t, _ in results}
+        print("q8 x speed-up over f32 x: " + ", ".join(
+            f"{e} {n}x{k} M={m} {t_of[(e, n, k, m, 'f32')] / t:.2f}x"
+            for (e, n, k, m, md_), t in t_of.items() if md_ == "q8"))
     print(f"load average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 

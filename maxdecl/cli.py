@@ -107,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--decoder-prompt", metavar="IDS",
                    help="encoder-decoders: token ids (comma or space separated) the decoder "
                    "reads after its start token, e.g. mBART-50's target language")
+    r.add_argument("--activations", choices=("f32", "q8"),
+                   help="q8: decode matmuls round x to int8 per 32 values (as llama.cpp; "
+                   "faster, not bit-identical); default f32, or MAXDECL_ACTIVATIONS")
     r.add_argument("-t", "--threads", type=int, metavar="N",
                    help="kernel threads (default: all CPUs numba may use)")
     r.add_argument("--tokenizer", metavar="PATH",

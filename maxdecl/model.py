@@ -43,14 +43,14 @@ class Model:
     """
 
     def __init__(self, spec, graph, weights, params, tokenizer=None, note="", source="",
-                 context=None, tokenizer_source=""):
+                 context=None, tokenizer_source="", activations=None):
         self.spec, self.graph, self.weights = spec, graph, weights
         self.params = dict(params)
         self.tokenizer, self.note, self.source = tokenizer, note, source
         self.tokenizer_source = tokenizer_source
         self.context = context
         # The one place the graph runs: planned, checked and bound once.
-        self.compiled = compile_graph(graph, weights)
+        self.compiled = compile_graph(graph, weights, activations=activations)
         self._run = self.compiled
         names = [v.name for v in graph.inputs]
         lm = is_language_model(names, graph.output_names) and _one_sequence_of_tokens(graph)
@@ -293,7 +293,8 @@ def _one_sequence_of_tokens(graph) -> bool:
         shape[0] == 1 or (isinstance(shape[0], str) and shape[0].isidentifier())))
 
 
-def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) -> Model:
+def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None,
+               activations=None) -> Model:
     """Load ``spec`` with its weights and build it once.
 
     Args:
@@ -306,6 +307,9 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
         tokenizer: a tokenizer path or object (``encode``/``decode``) replacing the one
             that comes with the weights.
         ctx_size: the context to enforce (None or 0: the model's ``context``).
+        activations: "f32" (exact) or "q8" (decode matmuls on int8-rounded x, as
+            llama.cpp; faster, not bit-identical); None: ``MAXDECL_ACTIVATIONS``, else
+            "f32" (see ``md.compile``).
 
     Returns:
         a ``Model``.
@@ -329,6 +333,7 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     checks.check_variant(variant)
     checks.check_weights_arg(weights)
     checks.check_tokenizer_arg(tokenizer)
+    checks.check_activations(activations)
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
     note, tok, params = "", None, {}
@@ -372,7 +377,7 @@ def load_model(spec, weights=None, variant=None, tokenizer=None, ctx_size=None) 
     context = checks.check_ctx_size(ctx_size, model_ctx if isinstance(model_ctx, int) else None)
     from .kernels import compiler_pages
     compiler_pages.release()          # what importing and loading touched in the compiler
-    return Model(spec, graph, td, full, tok, note, source, context, tok_source)
+    return Model(spec, graph, td, full, tok, note, source, context, tok_source, activations)
 
 
 def generate(spec, weights, prompt, max_new_tokens: int = 16, temperature: float = 0.0,

@@ -64,7 +64,14 @@ class CompiledGraph:
         (y,) = run(np.ones((2, 16), np.float32))
     """
 
-    def __init__(self, graph, weights=None, fuse=None):
+    def __init__(self, graph, weights=None, fuse=None, activations=None):
+        from .kernels import compiler_pages, config
+
+        try:
+            self.activations = config.activations(activations)
+        except ValueError as e:
+            raise GraphError(f"{graph.name}: {e}") from None
+        self._mode = config.ACTIVATION_MODE
         if not graph.outputs:
             raise GraphError(f"{graph.name}: no outputs; call graph.output(...) first")
         if weights is not None and not isinstance(weights, Mapping):
@@ -91,7 +98,6 @@ class CompiledGraph:
         self.steps = fusion.plan(self._nodes, bound, self.fused, graph.outputs)
         self._run = _generate(graph, preloaded, self.steps, self._nodes)
         self._plan = (graph, preloaded)          # for ``fixed`` runs of the same steps
-        from .kernels import compiler_pages
         self._pages = compiler_pages
 
     def __call__(self, *inputs, rows=None) -> list:
@@ -117,6 +123,7 @@ class CompiledGraph:
     def _execute(self, run, arrays, rows, *extra) -> list:
         env = arrays + self._bound
         loads = self._pages.loads()
+        mode = self._mode.set(self.activations)
         try:
             return run(env, rows, *extra)
         except Exception as e:  # noqa: BLE001 - one error type out of a run
@@ -135,6 +142,7 @@ class CompiledGraph:
             raise GraphError(f"{node.where()}: {type(e).__name__}: {e} "
                              f"(inputs: {ins}){also}") from e
         finally:
+            self._mode.reset(mode)
             if self._pages.loads() != loads:   # kernels were compiled or loaded: the
                 self._pages.release()          # compiler's pages go back (compiler_pages)
 
@@ -185,7 +193,8 @@ def _same(a, b) -> bool:
             and a.shape == b.shape and np.array_equal(a, b))
 
 
-def compile(graph, weights=None, fuse=None) -> CompiledGraph:  # noqa: A001 - md.compile
+def compile(graph, weights=None, fuse=None,  # noqa: A001 - md.compile
+            activations=None) -> CompiledGraph:
     """Plan ``graph``, check and bind ``weights`` (a TensorDict or mapping) to its
     declared ``g.weight`` names; returns a ``CompiledGraph`` to call with inputs.
 
@@ -193,10 +202,17 @@ def compile(graph, weights=None, fuse=None) -> CompiledGraph:  # noqa: A001 - md
     grouped call, reshapes inline; outputs bit-identical); None (default) follows the
     ``MAXDECL_FUSE`` environment variable (``0`` turns it off), else on.
 
+    ``activations``: "f32" (exact float32 products everywhere) or "q8": quantized
+    matmuls of up to 16 rows of x (decode steps) on q8_0, q4_0, q5_0, q4_k and q6_k
+    weights round x to int8 codes with a scale per 32 values and sum integer products,
+    as llama.cpp does on CPUs (faster, not bit-identical: x's rounding error, at most
+    half a step per value). None (default) follows ``MAXDECL_ACTIVATIONS``, else "f32".
+
     Raises:
-        GraphError: no outputs, a weight missing, of the wrong encoding, dtype or shape.
+        GraphError: no outputs, a weight missing, of the wrong encoding, dtype or shape;
+            an unknown ``activations``.
     """
-    return CompiledGraph(graph, weights, fuse)
+    return CompiledGraph(graph, weights, fuse, activations)
 
 
 def bind_inputs(compiled, arrays, skip=()) -> dict:

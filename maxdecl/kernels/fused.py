@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .config import GEMV_MAX_ROWS
-from .gemv import GEMV_GROUP, gemv_group, offsets
+from .gemv import GEMV_GROUP, offsets
+from .gemv_q8 import gemv_group
 from .qmatmul import qmatmul_blocks
 
 

@@ -9,7 +9,7 @@ from .. import codecs
 from ..dtypes import format_shape
 from ..tensors import QuantizedTensor
 from . import fused as kf
-from . import gemv
+from . import gemv, gemv_q8
 from . import qmatmul as kq
 from .config import GEMV_MAX_ROWS
 
@@ -103,7 +103,7 @@ def linear_group(args, attrs):
         if prepared is not None and x.shape[1] == w0.shape[1]:
             packed, offs, cols, enc = prepared
             out = np.empty((x.shape[0], int(offs[-1])), np.float32)
-            gemv.run_group(enc, x, packed, offs, out)
+            gemv_q8.run_group(enc, x, packed, offs, out)
             ys = [out[:, a:b] for a, b in cols]
             for y, b in zip(ys, bs):
                 np.add(y, b, out=y)

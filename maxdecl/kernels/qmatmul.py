@@ -18,7 +18,8 @@ Two paths, chosen by the number of activation rows M:
 
 The whole matrix is never decoded at once.
 
-Activations are never quantized: every product is float32 weight x float32 x.
+By default activations are never quantized: every product is float32 weight x float32
+x. ``md.compile(..., activations="q8")`` makes the GEMV round x to int8 (``gemv_q8.py``).
 Block layouts: ``maxdecl/kernels/block_rows.py``.
 """
 
@@ -30,7 +31,7 @@ from .block_rows import (KINDS, LAYOUTS, ROW_LAYOUTS, _decode_row,  # noqa: F401
                          dequantize_rows)
 from .config import GEMV_MAX_ROWS
 from .gemm import gemm
-from .gemv import gemv
+from .gemv_q8 import gemv
 
 TILE_BYTES = 2 << 20  # float32 bytes of one decoded tile in the fallback path
 

@@ -138,6 +138,12 @@ def check_threads(n) -> int | None:
     return None if n is None else check_int("threads", n, 1, max_threads())
 
 
+def check_activations(value) -> None:
+    """``activations``: None, "f32" or "q8" (``md.compile``)."""
+    if value is not None and value not in ("f32", "q8"):
+        raise InputError(f"activations must be 'f32' or 'q8', got {_got(value)}")
+
+
 def check_ctx_size(n, model_context: int | None) -> int | None:
     """The context to enforce: ``n`` (None/0: the model's), at most the model's own."""
     if n is None or (_is_int(n) and int(n) == 0):

@@ -45,7 +45,7 @@ def run_cli(args) -> int:
     _set_threads(threads)
     with CompileTimer(on_first=_compile_notice) as compiling:
         model = load_model(args.spec, args.weights, args.variant, args.tokenizer,
-                           args.ctx_size or None)
+                           args.ctx_size or None, getattr(args, "activations", None))
         if model.note:
             print(model.note, flush=True)
         text_source = model.encoder_decoder and not model._array_source()

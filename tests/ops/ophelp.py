@@ -59,3 +59,19 @@ def packed_blocks(enc, n, k, rng):
         return raw.reshape(n, nb * bb)
     w = rng.standard_normal((n, k)).astype(np.float32)
     return gq.quantize(w, getattr(GT, enc.upper()))
+
+
+def raw_blocks(enc, n, k, rng):
+    """Raw random GGML bytes (n, k // be * bb): every quant, scale and high-bit pattern,
+    with each fp16 scale (d, and dmin where there is one) of either sign from fp16
+    subnormals up to 4."""
+    from maxdecl.blocks import block_size
+
+    be, bb = block_size(enc)
+    raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
+    for at in {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q4_1": (0, 2),
+               "q5_1": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "tq2_0": (64,),
+               "tq1_0": (52,)}.get(enc, (0,)):
+        mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
+        raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(n, -1)

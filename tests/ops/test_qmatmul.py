@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 
 import maxdecl as md
-from ophelp import packed_blocks
+from ophelp import packed_blocks, raw_blocks
 
 F32 = md.DType.float32
 FAST = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k", "bf16", "q5_k", "q4_1", "q5_1", "q3_k", "q2_k",
@@ -86,19 +86,6 @@ def test_tile_decoder_is_bit_exact(enc):
     np.testing.assert_array_equal(got.view(np.uint32), want[2:11].view(np.uint32))
 
 
-def _raw_blocks(enc, n, k, rng):
-    """Raw random blocks: every quant, scale and high-bit pattern, with each fp16 scale
-    (d, and q4_k's dmin) of either sign from fp16 subnormals up to 4."""
-    be, bb = BLOCK[enc]
-    raw = rng.integers(0, 256, (n, k // be, bb), dtype=np.uint8)
-    for at in {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q4_1": (0, 2),
-               "q5_1": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "tq2_0": (64,),
-               "tq1_0": (52,)}.get(enc, (0,)):
-        mag = np.exp2(rng.uniform(-24, 2, (n, k // be))) * rng.choice([-1, 1], (n, k // be))
-        raw[..., at:at + 2] = mag.astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(n, -1)
-
-
 @pytest.mark.parametrize("enc", ["q5_0", "q8_0", "q4_0", "q4_1", "q5_1"])
 @pytest.mark.parametrize("n", [1, 7, 300])
 def test_gemv_raw_blocks_gemma_k(enc, n):
@@ -108,7 +95,7 @@ def test_gemv_raw_blocks_gemma_k(enc, n):
 
     rng = np.random.default_rng(zlib.crc32(f"raw/{enc}/{n}".encode()))
     k = 640
-    data = _raw_blocks(enc, n, k, rng)
+    data = raw_blocks(enc, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
     out = kq.qmatmul_blocks(x, data, enc)
     ref, scale = _reference(x, data, enc)
@@ -124,7 +111,7 @@ def test_gemv_raw_blocks_k_quants(enc, n, k):
     from maxdecl.kernels import qmatmul as kq
 
     rng = np.random.default_rng(zlib.crc32(f"rawk/{enc}/{n}/{k}".encode()))
-    data = _raw_blocks(enc, n, k, rng)
+    data = raw_blocks(enc, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
     out = kq.qmatmul_blocks(x, data, enc)
     ref, scale = _reference(x, data, enc)
@@ -414,7 +401,7 @@ def test_gemv_weight_rows_per_call_do_not_change_bits(enc, lanes):
     rng = np.random.default_rng(zlib.crc32(f"wrows/{enc}/{lanes}".encode()))
     be = BLOCK[enc][0]
     k = be * (5 if be == 32 else 3)
-    data = _raw_blocks(enc, 23, k, rng)
+    data = raw_blocks(enc, 23, k, rng)
     one = _lanes_kernel(enc, lanes)
     for wrows in (2, 4):
         several = _lanes_kernel(enc, lanes, wrows=wrows)
@@ -435,7 +422,7 @@ def test_gemv_lane_widths_match_reference_and_rows(enc, lanes):
     rng = np.random.default_rng(zlib.crc32(f"lanes/{enc}/{lanes}".encode()))
     be = BLOCK[enc][0]
     k = be * (7 if be == 32 else 3)                 # odd: the 32-value tail unit
-    data = _raw_blocks(enc, 29, k, rng)
+    data = raw_blocks(enc, 29, k, rng)
     run = _lanes_kernel(enc, lanes)
     x = rng.standard_normal((11, k)).astype(np.float32)
     out = np.empty((11, 29), np.float32)
@@ -458,7 +445,7 @@ def test_gemv_decoders_are_exact(enc, lanes):
     rng = np.random.default_rng(zlib.crc32(f"exact/{enc}/{lanes}".encode()))
     be = BLOCK[enc][0]
     k = be * (3 if be == 32 else 2)
-    data = _raw_blocks(enc, 5, k, rng)
+    data = raw_blocks(enc, 5, k, rng)
     want = gq.dequantize(data, getattr(GT, enc.upper()))
     run = _lanes_kernel(enc, lanes)
     eye = np.eye(k, dtype=np.float32)
@@ -480,7 +467,7 @@ def test_gemv_table_decoders_equal_plain_decoders(enc):
     rng = np.random.default_rng(zlib.crc32(f"table/{enc}".encode()))
     be = BLOCK[enc][0]
     k = be * (9 if be == 32 else 3)
-    data = _raw_blocks(enc, 53, k, rng)
+    data = raw_blocks(enc, 53, k, rng)
     plain, table = _lanes_kernel(enc, 16, table=False), _lanes_kernel(enc, 16, table=True)
     for m in (1, 2, 3, 5, 8, 9):
         x = rng.standard_normal((m, k)).astype(np.float32)
@@ -498,7 +485,7 @@ def test_gemv_group_equals_each_weight_alone(enc):
 
     rng = np.random.default_rng(zlib.crc32(f"group/{enc}".encode()))
     k = 512
-    ws = [_raw_blocks(enc, n, k, rng) for n in (41, 7, 8)]     # odd: pairs across weights
+    ws = [raw_blocks(enc, n, k, rng) for n in (41, 7, 8)]     # odd: pairs across weights
     for m in (1, 3, 16):
         x = rng.standard_normal((m, k)).astype(np.float32)
         got = gemv.gemv_group(x, ws, enc)
@@ -517,7 +504,7 @@ def test_gemv_tiled_equals_whole_rows_bit_for_bit(enc):
     rng = np.random.default_rng(zlib.crc32(f"tiled/{enc}".encode()))
     be = BLOCK[enc][0]
     k = be * (13 if be == 32 else 5)
-    ws = tuple(_raw_blocks(enc, n, k, rng) for n in (21, 3, 17))
+    ws = tuple(raw_blocks(enc, n, k, rng) for n in (21, 3, 17))
     offs = gemv.offsets(tuple(w.shape[0] for w in ws))
     for m in (1, 2, 5, 8, 16):
         x = gemv.aligned_rows(rng.standard_normal((m, k)).astype(np.float32))
@@ -528,7 +515,7 @@ def test_gemv_tiled_equals_whole_rows_bit_for_bit(enc):
             gemv.GEMV_TILED[enc](x, ws, offs, tiled, chunk)
             assert tiled.tobytes() == whole.tobytes(), (enc, m, chunk)
     long_k = be * 256                               # 8 rows of x: 256 KiB
-    w = _raw_blocks(enc, 9, long_k, rng)
+    w = raw_blocks(enc, 9, long_k, rng)
     x = rng.standard_normal((8, long_k)).astype(np.float32)
     calls = []
     real = gemv.GEMV_TILED[enc]

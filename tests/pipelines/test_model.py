@@ -234,3 +234,23 @@ def test_gemma_logits_last_row_and_greedy(gemma):
                                rtol=1e-4, atol=1e-4 * np.abs(full[-1]).max())
     outs = gemma.generate(["Once upon a time, there was a little", ids], max_new_tokens=4)
     assert outs[0].text.startswith(" girl named") and outs[1].ids[0] == int(full[-1].argmax())
+
+
+def test_gemma_q8_activations_keep_the_next_token_and_batch_invariance(gemma):
+    """``activations="q8"`` (int8-rounded x in the decode matmuls, as llama.cpp): on the
+    real GGUF a short prompt's last logits (GEMV rows) stay close to the exact ones and
+    pick the same next token, without being the same numbers; a list of prompts still
+    gets each prompt's solo ids in that mode."""
+    q8 = md.load_model(os.path.join(SPECS, "gemma3.yaml"), gemma.source, activations="q8")
+    assert q8.compiled.activations == "q8" and gemma.compiled.activations == "f32"
+    ids = gemma.tokenizer.encode("The capital of France is", add_bos=True)
+    a = gemma.logits(ids, last_only=True)[0].astype(np.float64)
+    b = q8.logits(ids, last_only=True)[0].astype(np.float64)
+    cos = a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+    assert cos > 0.995 and int(np.argmax(a)) == int(np.argmax(b)) and not np.array_equal(a, b)
+    prompts = ["Once upon a time", "The capital of France is"]
+    both = q8.generate(prompts, max_new_tokens=6)
+    for p, out in zip(prompts, both):
+        assert out.ids == q8.generate(p, max_new_tokens=6).ids
+    with pytest.raises(md.InputError, match="activations must be 'f32' or 'q8'"):
+        md.load_model(os.path.join(SPECS, "gemma3.yaml"), gemma.source, activations="int8")

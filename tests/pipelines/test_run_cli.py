@@ -203,3 +203,24 @@ outputs: [total, memory]
     assert main(["run", str(spec), "--input", f"x={empty_cwd / 'x.npy'}",
                  "--input", f"memory={empty_cwd / 'm.npy'}"]) == 0
     assert "total: float32 [4] [5, 5, 5, 5]" in capsys.readouterr().out
+
+
+def test_activations_option_reaches_the_compiled_graph(empty_cwd, monkeypatch, capsys):
+    import maxdecl.model as model_module
+
+    seen = []
+    real = model_module.compile_graph
+
+    def spy(graph, weights, **kw):
+        compiled = real(graph, weights, **kw)
+        seen.append(compiled.activations)
+        return compiled
+
+    monkeypatch.setattr(model_module, "compile_graph", spy)
+    assert main(["run", TINY, "-p", "Hi", "-n", "2", "--activations", "q8"]) == 0
+    assert main(["run", TINY, "-p", "Hi", "-n", "2"]) == 0
+    assert seen == ["q8", "f32"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["run", TINY, "--activations", "int4"])
+    assert e.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err

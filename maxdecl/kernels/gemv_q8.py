@@ -1,0 +1,439 @@
+"""Int8-activation GEMV, opt-in (``md.compile(..., activations="q8")``): ``out[m, r] =
+W[r] . x[m]`` with every 32 values of x rounded to int8 codes and one float32 scale.
+
+The default GEMV (``gemv.py``) multiplies float32 weights by float32 x: exact products,
+and measured bound by the decode arithmetic, not by memory. Here, as llama.cpp does for
+its CPU matmuls, x is quantized once per call (``quantize_x``: ``d = max|x| / 127``
+per 32-value block, codes ``round(x / d)``) and a weight unit of 64 values is a 64-byte
+vector of unsigned codes ``c`` with ``value = a * (c - off)`` (``a`` a scale per group of
+values, ``off`` a per-encoding constant). One ``vpdpbusd`` (AVX-512 VNNI) multiplies
+the 64 code pairs and sums them in fours into 16 int32 lanes, starting from
+``-off * (sum of the four x codes)`` (precomputed with x); each lane is converted once
+and multiply-added with its scale ``a * d``. q4_k's ``- dmin * m`` term is added per
+sub-block from x's block sums. Encodings: ``ENCODINGS``; others keep the float path.
+
+Numbers: the integer sums are exact, so the result is the float32 evaluation of
+``W . (d * codes)``: it differs from the float path by x's rounding, at most
+``d / 2`` per value (tested against that bound and against ``gguf.quants`` weights).
+Each x row runs the same instructions whether alone or with up to 7 others, so a
+row's output is bit-identical in any batch (tested). Without VNNI the same integer
+sums come from plain vector IR (widening multiplies and adds, lowered by LLVM for the
+CPU at hand): the same bits, tested against the VNNI path.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import gemv as g
+from .aligned import empty_aligned
+from .config import ACTIVATION_MODE, CACHE
+from .gemv import (
+    _IR_F32,
+    _IR_I8,
+    _IR_I32,
+    _IR_I64,
+    ROW_CHUNKS,
+    _f16_splat,
+    _hsums,
+    _intrinsic_fn,
+    _ir_const,
+    _ir_load,
+    _q4_k_prepare,
+    _q6_k_prepare,
+    _target_has,
+    _vb,
+    _vi,
+    prefetch_locality,
+)
+
+_V64 = ir.VectorType(_IR_I8, 64)
+_VI16 = ir.VectorType(_IR_I32, 16)
+_VF16 = ir.VectorType(_IR_F32, 16)
+_VF8 = ir.VectorType(_IR_F32, 8)
+
+
+def _cat(builder, a, b):
+    n = a.type.count
+    return builder.shuffle_vector(a, b, _vi(2 * n, list(range(2 * n))))
+
+
+def _dpbusd(builder, acc, a, b, vnni):
+    """``acc[l] + sum_{t<4} u8(a[4l+t]) * s8(b[4l+t])`` for the 16 lanes l (<16 x i32>)."""
+    if vnni:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VI16, [_VI16, _VI16, _VI16]),
+            "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, builder.bitcast(a, _VI16), builder.bitcast(b, _VI16)])
+    v64 = ir.VectorType(_IR_I32, 64)
+    p = builder.mul(builder.zext(a, v64), builder.sext(b, v64))
+    for t in range(4):
+        acc = builder.add(acc, builder.shuffle_vector(
+            p, ir.Constant(v64, ir.Undefined), _vi(16, [4 * lane + t for lane in range(16)])))
+    return acc
+
+
+# -- unit decoders: (builder, bp, ctx, u, nblk) -> (codes <64 x i8>, scales <16 x float>)
+# codes in value order (byte i is value i of the unit), scales per lane of 4 values. For
+# the 32-value encodings a unit is blocks b and b + 1 (``nblk`` 2) or a last block alone
+# (``nblk`` 1: the second half's codes meet x's zero padding).
+class _Layout8:
+    def __init__(self, values, nbytes, off, unit, prepare=None, mins=False, prefetch=4096):
+        self.values, self.nbytes, self.off = values, nbytes, off
+        self.unit, self.prepare, self.mins, self.prefetch = unit, prepare, mins, prefetch
+        self.units = max(1, values // 64)            # units per block
+        self.per_step = max(1, 64 // values)         # blocks per unit
+        self.prefetch_lines = max(1, (nbytes * self.per_step + 32) // 64)
+
+
+def _pair(builder, bp, nbytes, nblk, load):
+    """``load(block pointer)`` for a unit's two blocks; zeros for a missing second."""
+    a = load(bp)
+    if nblk == 2:
+        return a, load(builder.gep(bp, [_ir_const(_IR_I64, nbytes)]))
+    return a, ir.Constant(a.type, None)
+
+
+def _d_pair(builder, bp, nbytes, nblk):
+    return _cat(builder, *_pair(builder, bp, nbytes, nblk,
+                                lambda p: _f16_splat(builder, p, 0, 8)))
+
+
+def _nibble_codes(builder, a, b):
+    """Codes of two blocks whose 16 bytes ``a``, ``b`` hold values j (low nibble of byte
+    j) and j + 16 (high nibble): bytes [a lo, a hi, b lo, b hi]."""
+    full = builder.shuffle_vector(a, b, _vi(64, list(range(16)) * 2 + list(range(16, 32)) * 2))
+    lo = builder.and_(full, _vb(64, 15))
+    hi = builder.and_(builder.lshr(full, _vb(64, 4)), _vb(64, 15))
+    high = ir.Constant(ir.VectorType(ir.IntType(1), 64), [(i // 16) % 2 == 1 for i in range(64)])
+    return builder.select(high, hi, lo)
+
+
+def _q8_0_unit8(builder, bp, ctx, u, nblk):
+    # 34 B: d f16 @0 | qs int8[32] @2; code = q + 128 (q xor 0x80), off 128
+    v32 = ir.VectorType(_IR_I8, 32)
+    a, b = _pair(builder, bp, 34, nblk, lambda p: _ir_load(builder, p, 2, v32))
+    return builder.xor(_cat(builder, a, b), _vb(64, 128)), _d_pair(builder, bp, 34, nblk)
+
+
+def _q4_0_unit8(builder, bp, ctx, u, nblk):
+    # 18 B: d f16 @0 | qs[16] @2; code = nibble, off 8
+    v16 = ir.VectorType(_IR_I8, 16)
+    a, b = _pair(builder, bp, 18, nblk, lambda p: _ir_load(builder, p, 2, v16))
+    return _nibble_codes(builder, a, b), _d_pair(builder, bp, 18, nblk)
+
+
+def _q5_0_unit8(builder, bp, ctx, u, nblk):
+    # 22 B: d f16 @0 | qh u32 @2 | qs[16] @6; code j = nibble | (bit j of qh) << 4, off 16.
+    # The two blocks' qh make a 64-bit mask, one bit per code (a k-register).
+    v16 = ir.VectorType(_IR_I8, 16)
+    a, b = _pair(builder, bp, 22, nblk, lambda p: _ir_load(builder, p, 6, v16))
+    qa, qb = _pair(builder, bp, 22, nblk, lambda p: _ir_load(builder, p, 2, _IR_I32))
+    bits = builder.or_(builder.zext(qa, _IR_I64),
+                       builder.shl(builder.zext(qb, _IR_I64), _ir_const(_IR_I64, 32)))
+    mask = builder.bitcast(bits, ir.VectorType(ir.IntType(1), 64))
+    codes = builder.or_(_nibble_codes(builder, a, b),
+                        builder.select(mask, _vb(64, 16), _vb(64, 0)))
+    return codes, _d_pair(builder, bp, 22, nblk)
+
+
+def _q4_k_unit8(builder, bp, ctx, u, nblk):
+    # 144 B: qs[128] @16; unit u: qs[32u:32u+32] low nibbles = sub-block 2u, high =
+    # 2u + 1; code = nibble, off 0, scale d * sc (the - dmin * m term: ``mins``)
+    dsc, _ = ctx
+    q = _ir_load(builder, bp, 16 + 32 * u, ir.VectorType(_IR_I8, 32))
+    codes = _cat(builder, builder.and_(q, _vb(32, 15)),
+                 builder.and_(builder.lshr(q, _vb(32, 4)), _vb(32, 15)))
+    scales = builder.shuffle_vector(dsc, ir.Constant(dsc.type, ir.Undefined),
+                                    _vi(16, [2 * u] * 8 + [2 * u + 1] * 8))
+    return codes, scales
+
+
+def _q6_k_unit8(builder, bp, dsc, u, nblk):
+    # 210 B: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d @208. The 6-bit codes of
+    # the unit (as gemv._q6_k_unit_b puts them together), off 32, scale d * sc per 16
+    h, odd = u // 2, u % 2
+    ql = _ir_load(builder, bp, 64 * h, _V64)
+    qh = _ir_load(builder, bp, 128 + 32 * h, ir.VectorType(_IR_I8, 32))
+    lo = builder.and_(builder.lshr(ql, _vb(64, 4)) if odd else ql, _vb(64, 15))
+    if odd:
+        ha, hb = qh, builder.lshr(qh, _vb(32, 2))
+    else:
+        ha, hb = builder.shl(qh, _vb(32, 4)), builder.shl(qh, _vb(32, 2))
+    hi = builder.and_(builder.shuffle_vector(ha, hb, _vi(64, list(range(64)))), _vb(64, 48))
+    scales = builder.shuffle_vector(dsc, ir.Constant(dsc.type, ir.Undefined),
+                                    _vi(16, [8 * h + 4 * odd + lane // 4 for lane in range(16)]))
+    return builder.or_(lo, hi), scales
+
+
+LAYOUT8 = {
+    "q8_0": _Layout8(32, 34, 128, _q8_0_unit8, prefetch=16384),
+    "q4_0": _Layout8(32, 18, 8, _q4_0_unit8),
+    "q5_0": _Layout8(32, 22, 16, _q5_0_unit8),
+    "q4_k": _Layout8(256, 144, 0, _q4_k_unit8, _q4_k_prepare, mins=True),
+    "q6_k": _Layout8(256, 210, 32, _q6_k_unit8, _q6_k_prepare),
+}
+ENCODINGS = tuple(LAYOUT8)
+
+
+def has_vnni() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 VNNI (``vpdpbusd``)."""
+    return _target_has("avx512vnni")
+
+
+# -- x: (M, K) float32 -> codes, lane scales, lane offsets, block sums -----------------
+@numba.njit(cache=CACHE)
+def _quantize_x(x, off, xq, xl, xc, xs):
+    m, k = x.shape
+    for i in range(m):
+        for b in range(k // 32):
+            amax = np.float32(0)
+            for t in range(32):
+                amax = max(amax, abs(x[i, 32 * b + t]))
+            d = amax / np.float32(127)
+            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            total = 0
+            for grp in range(8):
+                s = 0
+                for t in range(4):
+                    v = x[i, 32 * b + 4 * grp + t] * inv
+                    q = int(np.rint(v)) if abs(v) <= 127.5 else 0   # NaN, inf: 0
+                    xq[i, 32 * b + 4 * grp + t] = q
+                    s += q
+                xc[i, 8 * b + grp] = -off * s
+                xl[i, 8 * b + grp] = d
+                total += s
+            xs[i, b] = d * np.float32(total)
+
+
+def quantize_x(x2: np.ndarray, off: int = 0):
+    """x (M, K) float32, K a multiple of 32 -> (codes int8 (M, K64), lane scales float32
+    (M, K64 / 4), lane offsets int32 (M, K64 / 4): ``-off`` times each four codes' sum,
+    block sums float32 (M, K64 / 32): ``d`` times each block's code sum), K64 = K
+    rounded up to 64, the padding zero. ``d = max|x| / 127`` per 32 values."""
+    m, k = x2.shape
+    k64 = -(-k // 64) * 64
+    xq = empty_aligned((m, k64), np.int8)
+    xl = empty_aligned((m, k64 // 4), np.float32)
+    xc = empty_aligned((m, k64 // 4), np.int32)
+    xs = np.zeros((m, k64 // 32), np.float32)
+    if k64 != k:
+        xq[:, k:] = 0
+        xl[:, k // 4:] = 0
+        xc[:, k // 4:] = 0
+    _quantize_x(x2, off, xq, xl, xc, xs)
+    return xq, xl, xc, xs
+
+
+# -- the row intrinsic ----------------------------------------------------------------
+def row8_intrinsic(enc: str, vnni: bool | None = None):
+    """An intrinsic ``(w, r, xq, xl, xc, xs, out, col) -> None``: ``out[m, col] =
+    W[r] . x[m]`` for every row m of the quantized x (``quantize_x`` with this
+    encoding's ``off``), W the packed ``enc`` blocks ``w`` (2-D uint8, C order).
+    ``vnni``: use ``vpdpbusd`` (default: where the CPU has it); the same bits either way."""
+    lay = LAYOUT8[enc]
+    vnni = has_vnni() if vnni is None else vnni
+
+    def typer(typingctx, w, r, xq, xl, xc, xs, out, col):
+        def mat(a, dt):
+            return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt
+
+        ok = (mat(w, types.uint8) and mat(xq, types.int8) and mat(xl, types.float32)
+              and mat(xc, types.int32) and mat(xs, types.float32) and mat(out, types.float32)
+              and all(a.layout == "C" for a in (w, xq, xl, xc, xs))
+              and isinstance(r, types.Integer) and isinstance(col, types.Integer))
+        if not ok:
+            return None
+
+        def codegen(context, builder, sig, args):
+            _emit_rows8(context, builder, sig, args, lay, vnni)
+            return context.get_dummy_value()
+
+        return types.void(w, r, xq, xl, xc, xs, out, col), codegen
+
+    return intrinsic(typer)
+
+
+def _emit_rows8(context, builder, sig, args, lay, vnni):
+    arr = [context.make_array(t)(context, builder, a) if isinstance(t, types.Array) else None
+           for t, a in zip(sig.args, args)]
+    wa, _, qa, la, ca, sa, oa, _ = arr
+    i64 = lambda v: _ir_const(_IR_I64, v)
+    r = context.cast(builder, args[1], sig.args[1], types.intp)
+    col = context.cast(builder, args[7], sig.args[7], types.intp)
+    n_rows = cgutils.unpack_tuple(builder, qa.shape)[0]
+    w_stride = cgutils.unpack_tuple(builder, wa.strides)[0]
+    o_strides = cgutils.unpack_tuple(builder, oa.strides)
+    row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()), [builder.mul(r, w_stride)])
+    bases = [(builder.bitcast(a.data, _IR_I8.as_pointer()),
+              cgutils.unpack_tuple(builder, a.strides)[0]) for a in (qa, la, ca, sa)]
+    o_col = builder.gep(builder.bitcast(oa.data, _IR_I8.as_pointer()),
+                        [builder.mul(col, o_strides[1])])
+    # blocks in W's row (the x arrays are padded to 64 values, W is not)
+    nb = builder.sdiv(cgutils.unpack_tuple(builder, wa.shape)[1], i64(lay.nbytes))
+    m_ptr = cgutils.alloca_once_value(builder, i64(0))
+    cond = builder.append_basic_block("rows8.cond")
+    done = builder.append_basic_block("rows8.done")
+    builder.branch(cond)
+    builder.position_at_end(cond)
+    m = builder.load(m_ptr)
+    body = builder.append_basic_block("rows8.body")
+    builder.cbranch(builder.icmp_signed("<", m, n_rows), body, done)
+    builder.position_at_end(body)
+    left = builder.sub(n_rows, m)
+    for rows in ROW_CHUNKS:
+        take = builder.append_basic_block(f"rows8.{rows}")
+        skip = builder.append_basic_block(f"rows8.not{rows}")
+        builder.cbranch(builder.icmp_signed(">=", left, i64(rows)), take, skip)
+        builder.position_at_end(take)
+        xs = [[builder.gep(base, [builder.mul(builder.add(m, i64(j)), stride)])
+               for base, stride in bases] for j in range(rows)]
+        dots = _emit_dots8(builder, row, xs, nb, lay, vnni)
+        for j, v in enumerate(dots):
+            p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
+            builder.store(v, builder.bitcast(p, _IR_F32.as_pointer()))
+        builder.store(builder.add(m, i64(rows)), m_ptr)
+        builder.branch(cond)
+        builder.position_at_end(skip)
+    builder.branch(cond)           # unreachable: left >= 1 takes the 1-row chunk
+    builder.position_at_end(done)
+
+
+def _emit_dots8(builder, row, xs, nb, lay, vnni):
+    """The dot of the weight row at ``row`` (i8*) with each quantized x row (``xs``:
+    per row, pointers to its codes, lane scales, lane offsets, block sums)."""
+    i64 = lambda v: _ir_const(_IR_I64, v)
+    fma = _intrinsic_fn(builder, "llvm.fmuladd", _VF16, 3)
+    fma8 = _intrinsic_fn(builder, "llvm.fmuladd", _VF8, 3)
+    zero = ir.Constant(_VI16, None)
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF16, None)) for _ in range(2)]
+            for _ in xs]
+    mins = [cgutils.alloca_once_value(builder, ir.Constant(_VF8, None)) for _ in xs]
+    pf = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [_IR_I8.as_pointer()] + [_IR_I32] * 3),
+        "llvm.prefetch.p0i8")
+    locality = prefetch_locality()
+
+    def vec(p, off, ty):
+        return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=1)
+
+    def step(b, nblk):
+        """Blocks b .. b + nblk - 1 (one unit of 32-value blocks, or one super-block)."""
+        bp = builder.gep(row, [builder.mul(b, i64(lay.nbytes))])
+        for line in range(lay.prefetch_lines):      # read, kept in cache, data
+            builder.call(pf, [builder.gep(bp, [i64(lay.prefetch + 64 * line)]),
+                              _ir_const(_IR_I32, 0), _ir_const(_IR_I32, locality),
+                              _ir_const(_IR_I32, 1)])
+        ctx = lay.prepare(builder, bp, 16) if lay.prepare else None
+        v0 = builder.mul(b, i64(lay.values))               # first value of the step
+        for u in range(lay.units):
+            codes, scales = lay.unit(builder, bp, ctx, u, nblk)
+            at = builder.add(v0, i64(64 * u))   # byte offset of x's codes and of its lanes
+            for (q, l, c, _), acc in zip(xs, accs):
+                start = vec(c, at, _VI16) if lay.off else zero
+                isum = _dpbusd(builder, start, codes, vec(q, at, _V64), vnni)
+                scale = builder.fmul(scales, vec(l, at, _VF16))
+                part = acc[u % 2]
+                builder.store(builder.call(fma, [builder.sitofp(isum, _VF16), scale,
+                                                 builder.load(part)]), part)
+        if lay.mins:                                       # + sum_s (-dmin m_s) * d sum q_s
+            _, ndm = ctx
+            for (_, _, _, s), macc in zip(xs, mins):
+                xsum = vec(s, builder.sdiv(v0, i64(8)), _VF8)     # 4 bytes a block
+                builder.store(builder.call(fma8, [ndm, xsum, builder.load(macc)]), macc)
+
+    n_steps = builder.sdiv(nb, i64(lay.per_step))
+    with cgutils.for_range(builder, n_steps) as loop:
+        step(builder.mul(loop.index, i64(lay.per_step)), lay.per_step)
+    if lay.per_step > 1:           # an odd block count: the last block on its own
+        with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, i64(2)), i64(0))):
+            step(builder.sub(nb, i64(1)), 1)
+    totals = []
+    for acc, macc in zip(accs, mins):
+        t = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
+        if lay.mins:
+            wide = builder.shuffle_vector(builder.load(macc), ir.Constant(_VF8, None),
+                                          _vi(16, list(range(16))))
+            t = builder.fadd(t, wide)
+        totals.append(t)
+    return _hsums(builder, totals)
+
+
+# -- kernels: ``gemv.GEMV_GROUP``'s group calls on quantized x ---------------------------
+_r8_q8_0 = row8_intrinsic("q8_0")
+_r8_q4_0 = row8_intrinsic("q4_0")
+_r8_q5_0 = row8_intrinsic("q5_0")
+_r8_q4_k = row8_intrinsic("q4_k")
+_r8_q6_k = row8_intrinsic("q6_k")
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group8_q8_0(xq, xl, xc, xs, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        k = g._segment(offs, c)
+        _r8_q8_0(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group8_q4_0(xq, xl, xc, xs, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        k = g._segment(offs, c)
+        _r8_q4_0(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group8_q5_0(xq, xl, xc, xs, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        k = g._segment(offs, c)
+        _r8_q5_0(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group8_q4_k(xq, xl, xc, xs, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        k = g._segment(offs, c)
+        _r8_q4_k(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+
+
+@numba.njit(cache=CACHE, parallel=True)
+def _group8_q6_k(xq, xl, xc, xs, ws, offs, out):
+    for c in numba.prange(offs[-1]):
+        k = g._segment(offs, c)
+        _r8_q6_k(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+
+
+GROUP8 = {"q8_0": _group8_q8_0, "q4_0": _group8_q4_0, "q5_0": _group8_q5_0,
+          "q4_k": _group8_q4_k, "q6_k": _group8_q6_k}
+
+
+def run_group(encoding: str, x2: np.ndarray, ws: tuple, offs: np.ndarray,
+              out: np.ndarray) -> None:
+    """``gemv.run_group`` in the context's mode (``config.ACTIVATION_MODE``): with "q8"
+    and an encoding of ``ENCODINGS``, x is quantized once and the int8 kernel runs;
+    else the float path."""
+    if ACTIVATION_MODE.get() == "q8" and encoding in GROUP8:
+        xq, xl, xc, xs = quantize_x(x2, LAYOUT8[encoding].off)
+        GROUP8[encoding](xq, xl, xc, xs, ws, offs, out)
+    else:
+        g.run_group(encoding, x2, ws, offs, out)
+
+
+def gemv(x2: np.ndarray, w: np.ndarray, encoding: str, out: np.ndarray) -> None:
+    """``gemv.gemv`` in the context's mode: ``out = x2 @ W.T``."""
+    if encoding == "bf16":
+        g.gemv(x2, w, encoding, out)
+    else:
+        run_group(encoding, x2, (w,), g.offsets((w.shape[0],)), out)
+
+
+def gemv_group(x2: np.ndarray, weights: list, encoding: str) -> np.ndarray:
+    """``gemv.gemv_group`` in the context's mode."""
+    offs = g.offsets(tuple(w.shape[0] for w in weights))
+    out = np.empty((x2.shape[0], int(offs[-1])), np.float32)
+    run_group(encoding, x2, tuple(weights), offs, out)
+    return out
