@@ -655,13 +655,11 @@ def _q4_k_unit_t(builder, bp, ctx, u, lanes):
     return out
 
 
-def _q6_k_unit_b(builder, bp, dsc, u, lanes):
-    # as _q6_k_unit, with the 6-bit codes of the unit's 64 values put together as 64
-    # bytes at once (a zmm with AVX-512BW) and widened 16 at a time: the same codes and
-    # the same float operations on them, so the same bits. Half h, quarters 2 (u % 2) and
-    # 2 (u % 2) + 1: low 4 bits from the 64 ql bytes at 64h (low nibbles for u even,
-    # high for odd), bits 4-5 from the 32 qh bytes at 128 + 32h (bits 0-1 and 2-3, or 4-5
-    # and 6-7). One thread, 1024 x 768 in L2: 106 -> 88 us.
+def q6_k_codes(builder, bp, u):
+    """The 6-bit codes (0-63) of q6_k unit ``u`` as <64 x i8>, in value order: half
+    h = u // 2, quarters 2 (u % 2) and 2 (u % 2) + 1; low 4 bits from the 64 ql bytes at
+    64h (low nibbles for u even, high for odd), bits 4-5 from the 32 qh bytes at
+    128 + 32h (bits 0-1 and 2-3, or 4-5 and 6-7)."""
     h, odd = u // 2, u % 2
     ql = _ir_load(builder, bp, 64 * h, ir.VectorType(_IR_I8, 64))
     qh = _ir_load(builder, bp, 128 + 32 * h, ir.VectorType(_IR_I8, 32))
@@ -672,7 +670,18 @@ def _q6_k_unit_b(builder, bp, dsc, u, lanes):
         ha, hb = builder.shl(qh, _vb(32, 4)), builder.shl(qh, _vb(32, 2))
     hi = builder.and_(builder.shuffle_vector(ha, hb, _vi(64, list(range(64)))),
                       _vb(64, 48))
-    q = builder.sub(builder.or_(lo, hi), _vb(64, 32))
+    return builder.or_(lo, hi)
+
+
+def _q6_k_unit_b(builder, bp, dsc, u, lanes):
+    # as _q6_k_unit, with the 6-bit codes of the unit's 64 values put together as 64
+    # bytes at once (a zmm with AVX-512BW) and widened 16 at a time: the same codes and
+    # the same float operations on them, so the same bits. Half h, quarters 2 (u % 2) and
+    # 2 (u % 2) + 1: low 4 bits from the 64 ql bytes at 64h (low nibbles for u even,
+    # high for odd), bits 4-5 from the 32 qh bytes at 128 + 32h (bits 0-1 and 2-3, or 4-5
+    # and 6-7). One thread, 1024 x 768 in L2: 106 -> 88 us.
+    h, odd = u // 2, u % 2
+    q = builder.sub(q6_k_codes(builder, bp, u), _vb(64, 32))
     out = []
     for k in range(UNIT // 16):
         qk = builder.sext(_ir_pick(builder, q, range(16 * k, 16 * k + 16)),
@@ -787,6 +796,34 @@ def row_intrinsic(enc: str, lanes: int | None = None, table: bool = True, wrows:
     return intrinsic(typer)
 
 
+def for_row_chunks(builder, n_rows, chunks, emit, name):
+    """Emit a walk over x's rows 0 .. ``n_rows`` - 1: while rows are left, the largest of
+    ``chunks`` (descending, ending in 1) that fits; ``emit(m, rows)`` emits the code of
+    the chunk starting at row ``m`` (an i64 value)."""
+    i64 = lambda v: _ir_const(_IR_I64, v)  # noqa: E731
+    m_ptr = cgutils.alloca_once_value(builder, i64(0))
+    cond = builder.append_basic_block(f"{name}.cond")
+    done = builder.append_basic_block(f"{name}.done")
+    builder.branch(cond)
+    builder.position_at_end(cond)
+    m = builder.load(m_ptr)
+    body = builder.append_basic_block(f"{name}.body")
+    builder.cbranch(builder.icmp_signed("<", m, n_rows), body, done)
+    builder.position_at_end(body)
+    left = builder.sub(n_rows, m)
+    for rows in chunks:
+        take = builder.append_basic_block(f"{name}.{rows}")
+        skip = builder.append_basic_block(f"{name}.not{rows}")
+        builder.cbranch(builder.icmp_signed(">=", left, i64(rows)), take, skip)
+        builder.position_at_end(take)
+        emit(m, rows)
+        builder.store(builder.add(m, i64(rows)), m_ptr)
+        builder.branch(cond)
+        builder.position_at_end(skip)
+    builder.branch(cond)           # unreachable: left >= 1 takes the 1-row chunk
+    builder.position_at_end(done)
+
+
 def _emit_rows(context, builder, sig, args, lay, lanes, wrows):
     wt, _, xt, ot, _ = sig.args
     wa = context.make_array(wt)(context, builder, args[0])
@@ -806,21 +843,8 @@ def _emit_rows(context, builder, sig, args, lay, lanes, wrows):
     o8 = builder.bitcast(oa.data, _IR_I8.as_pointer())
     o_col = builder.gep(o8, [builder.mul(col, o_strides[1])])
     nb = builder.sdiv(k, i64(lay.values))
-    m_ptr = cgutils.alloca_once_value(builder, i64(0))
-    cond = builder.append_basic_block("rows.cond")
-    done = builder.append_basic_block("rows.done")
-    builder.branch(cond)
-    builder.position_at_end(cond)
-    m = builder.load(m_ptr)
-    body = builder.append_basic_block("rows.body")
-    builder.cbranch(builder.icmp_signed("<", m, n_rows), body, done)
-    builder.position_at_end(body)
-    left = builder.sub(n_rows, m)
-    for rows in (c for c in ROW_CHUNKS if c * wrows <= ROW_CHUNKS[0]):
-        take = builder.append_basic_block(f"rows.{rows}")
-        skip = builder.append_basic_block(f"rows.not{rows}")
-        builder.cbranch(builder.icmp_signed(">=", left, i64(rows)), take, skip)
-        builder.position_at_end(take)
+
+    def chunk(m, rows):
         xs = [builder.bitcast(builder.gep(x8, [builder.mul(builder.add(m, i64(j)), x_stride)]),
                               _IR_F32.as_pointer()) for j in range(rows)]
         dots = _emit_dots(builder, rows_w, xs, nb, lay, lanes)
@@ -829,11 +853,9 @@ def _emit_rows(context, builder, sig, args, lay, lanes, wrows):
             for i in range(wrows):
                 q = builder.gep(p, [builder.mul(i64(i), o_strides[1])])
                 builder.store(dots[j * wrows + i], builder.bitcast(q, _IR_F32.as_pointer()))
-        builder.store(builder.add(m, i64(rows)), m_ptr)
-        builder.branch(cond)
-        builder.position_at_end(skip)
-    builder.branch(cond)           # unreachable: left >= 1 takes the 1-row chunk
-    builder.position_at_end(done)
+
+    for_row_chunks(builder, n_rows, [c for c in ROW_CHUNKS if c * wrows <= ROW_CHUNKS[0]],
+                   chunk, "rows")
 
 
 def _emit_dots(builder, rows_w, xs, nb, lay, lanes):
@@ -960,21 +982,8 @@ def _emit_part(context, builder, sig, args, lay, lanes):
                         [builder.mul(col, o_strides[1])])
     a_t = builder.gep(builder.bitcast(aa.data, _IR_I8.as_pointer()),
                       [builder.mul(t, a_strides[0])])
-    m_ptr = cgutils.alloca_once_value(builder, i64(0))
-    cond = builder.append_basic_block("part.cond")
-    done = builder.append_basic_block("part.done")
-    builder.branch(cond)
-    builder.position_at_end(cond)
-    m = builder.load(m_ptr)
-    body = builder.append_basic_block("part.body")
-    builder.cbranch(builder.icmp_signed("<", m, n_rows), body, done)
-    builder.position_at_end(body)
-    left = builder.sub(n_rows, m)
-    for rows in ROW_CHUNKS:
-        take = builder.append_basic_block(f"part.{rows}")
-        skip = builder.append_basic_block(f"part.not{rows}")
-        builder.cbranch(builder.icmp_signed(">=", left, i64(rows)), take, skip)
-        builder.position_at_end(take)
+
+    def chunk(m, rows):
         xs, kept, accs = [], [], []
         for j in range(rows):
             mj = builder.add(m, i64(j))
@@ -996,11 +1005,8 @@ def _emit_part(context, builder, sig, args, lay, lanes):
             for j, v in enumerate(dots):
                 p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
                 builder.store(v, builder.bitcast(p, _IR_F32.as_pointer()))
-        builder.store(builder.add(m, i64(rows)), m_ptr)
-        builder.branch(cond)
-        builder.position_at_end(skip)
-    builder.branch(cond)           # unreachable: left >= 1 takes the 1-row chunk
-    builder.position_at_end(done)
+
+    for_row_chunks(builder, n_rows, ROW_CHUNKS, chunk, "part")
 
 
 # -- kernels: x (M, K) f32 C order, w (N, K // be * bb) u8 -> out (M, N) f32 -------------

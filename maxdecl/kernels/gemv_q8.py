@@ -49,7 +49,9 @@ from .gemv import (
     _target_has,
     _vb,
     _vi,
+    for_row_chunks,
     prefetch_locality,
+    q6_k_codes,
 )
 
 _V64 = ir.VectorType(_IR_I8, 64)
@@ -155,20 +157,12 @@ def _q4_k_unit8(builder, bp, ctx, u, nblk):
 
 
 def _q6_k_unit8(builder, bp, dsc, u, nblk):
-    # 210 B: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d @208. The 6-bit codes of
-    # the unit (as gemv._q6_k_unit_b puts them together), off 32, scale d * sc per 16
+    # 210 B: the 6-bit codes of the unit (``gemv.q6_k_codes``), off 32, scale d * sc per
+    # 16 values (``_q6_k_prepare``)
     h, odd = u // 2, u % 2
-    ql = _ir_load(builder, bp, 64 * h, _V64)
-    qh = _ir_load(builder, bp, 128 + 32 * h, ir.VectorType(_IR_I8, 32))
-    lo = builder.and_(builder.lshr(ql, _vb(64, 4)) if odd else ql, _vb(64, 15))
-    if odd:
-        ha, hb = qh, builder.lshr(qh, _vb(32, 2))
-    else:
-        ha, hb = builder.shl(qh, _vb(32, 4)), builder.shl(qh, _vb(32, 2))
-    hi = builder.and_(builder.shuffle_vector(ha, hb, _vi(64, list(range(64)))), _vb(64, 48))
     scales = builder.shuffle_vector(dsc, ir.Constant(dsc.type, ir.Undefined),
                                     _vi(16, [8 * h + 4 * odd + lane // 4 for lane in range(16)]))
-    return builder.or_(lo, hi), scales
+    return q6_k_codes(builder, bp, u), scales
 
 
 LAYOUT8 = {
@@ -276,32 +270,15 @@ def _emit_rows8(context, builder, sig, args, lay, vnni):
                         [builder.mul(col, o_strides[1])])
     # blocks in W's row (the x arrays are padded to 64 values, W is not)
     nb = builder.sdiv(cgutils.unpack_tuple(builder, wa.shape)[1], i64(lay.nbytes))
-    m_ptr = cgutils.alloca_once_value(builder, i64(0))
-    cond = builder.append_basic_block("rows8.cond")
-    done = builder.append_basic_block("rows8.done")
-    builder.branch(cond)
-    builder.position_at_end(cond)
-    m = builder.load(m_ptr)
-    body = builder.append_basic_block("rows8.body")
-    builder.cbranch(builder.icmp_signed("<", m, n_rows), body, done)
-    builder.position_at_end(body)
-    left = builder.sub(n_rows, m)
-    for rows in ROW_CHUNKS:
-        take = builder.append_basic_block(f"rows8.{rows}")
-        skip = builder.append_basic_block(f"rows8.not{rows}")
-        builder.cbranch(builder.icmp_signed(">=", left, i64(rows)), take, skip)
-        builder.position_at_end(take)
+
+    def chunk(m, rows):
         xs = [[builder.gep(base, [builder.mul(builder.add(m, i64(j)), stride)])
                for base, stride in bases] for j in range(rows)]
-        dots = _emit_dots8(builder, row, xs, nb, lay, vnni)
-        for j, v in enumerate(dots):
+        for j, v in enumerate(_emit_dots8(builder, row, xs, nb, lay, vnni)):
             p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
             builder.store(v, builder.bitcast(p, _IR_F32.as_pointer()))
-        builder.store(builder.add(m, i64(rows)), m_ptr)
-        builder.branch(cond)
-        builder.position_at_end(skip)
-    builder.branch(cond)           # unreachable: left >= 1 takes the 1-row chunk
-    builder.position_at_end(done)
+
+    for_row_chunks(builder, n_rows, ROW_CHUNKS, chunk, "rows8")
 
 
 def _emit_dots8(builder, row, xs, nb, lay, vnni):
@@ -364,7 +341,8 @@ def _emit_dots8(builder, row, xs, nb, lay, vnni):
     return _hsums(builder, totals)
 
 
-# -- kernels: ``gemv.GEMV_GROUP``'s group calls on quantized x ---------------------------
+# -- kernels: ``gemv.GEMV_GROUP``'s group calls on quantized x, written out per encoding
+# as there (a factory closing over the intrinsic would miss numba's on-disk cache)
 _r8_q8_0 = row8_intrinsic("q8_0")
 _r8_q4_0 = row8_intrinsic("q4_0")
 _r8_q5_0 = row8_intrinsic("q5_0")
