@@ -124,6 +124,30 @@ def test_q8_rows_alone_equal_rows_in_a_batch_and_both_integer_paths_agree(enc):
     assert all(o.tobytes() == outs[0].tobytes() for o in outs)
 
 
+@pytest.mark.parametrize("enc", ENCODINGS)
+def test_q8_group_in_interleaved_streams_equals_each_weight_alone(enc):
+    """The int8 group kernels walk a large group's rows in interleaved runs as the float
+    ones do; each weight's columns stay those of the weight alone (one run), bit for bit."""
+    from maxdecl.kernels import gemv, gemv_q8
+
+    rng = np.random.default_rng(zlib.crc32(f"q8streams/{enc}".encode()))
+    k = 256
+    sizes = (gemv.STREAMS * gemv.STREAM_MIN_ROWS - 3, 5, 2)
+    assert gemv.stream_stride(sum(sizes), 1) < sum(sizes)
+    assert gemv.stream_stride(sizes[0], 1) == sizes[0]
+    ws = [raw_blocks(enc, n, k, rng) for n in sizes]
+    for m in (1, 3):
+        parts = gemv_q8.quantize_x(rng.standard_normal((m, k)).astype(np.float32),
+                                   gemv_q8.LAYOUT8[enc].off)
+        offs = gemv.offsets(sizes)
+        got = np.full((m, int(offs[-1])), np.nan, np.float32)
+        gemv_q8.GROUP8[enc](*parts, tuple(ws), offs, got)
+        for w, a, b in zip(ws, offs[:-1], offs[1:]):
+            alone = np.empty((m, w.shape[0]), np.float32)
+            gemv_q8.GROUP8[enc](*parts, (w,), gemv.offsets((w.shape[0],)), alone)
+            assert got[:, a:b].tobytes() == alone.tobytes(), (enc, m)
+
+
 def test_q8_non_finite_x_stays_in_its_row():
     """inf and NaN in one row of x make that row's outputs non-finite (no code is
     made from them) and leave the other rows as they are alone."""

@@ -493,6 +493,30 @@ def test_gemv_group_equals_each_weight_alone(enc):
         assert got.tobytes() == want.tobytes(), (enc, m)
 
 
+@pytest.mark.parametrize("enc", GEMV_ENCODINGS)
+def test_gemv_group_in_interleaved_streams_equals_each_weight_alone(enc):
+    """A group with enough rows for ``STREAMS`` interleaved runs a thread (its row count
+    not a multiple of them, runs crossing weights) gives each weight's columns as the
+    weight alone in one run, bit for bit, for one row of x and several."""
+    from maxdecl.kernels import gemv
+
+    rng = np.random.default_rng(zlib.crc32(f"streams/{enc}".encode()))
+    k = 256
+    sizes = (gemv.STREAMS * gemv.STREAM_MIN_ROWS - 3, 5, 2)
+    assert all(n < gemv.STREAMS * gemv.STREAM_MIN_ROWS for n in sizes)  # alone: one run
+    assert gemv.stream_stride(sum(sizes), 1) < sum(sizes)                # together: runs
+    ws = [raw_blocks(enc, n, k, rng) for n in sizes]
+    for m in (1, 3):
+        x = gemv.aligned_rows(rng.standard_normal((m, k)).astype(np.float32))
+        offs = gemv.offsets(sizes)
+        got = np.full((m, int(offs[-1])), np.nan, np.float32)
+        gemv.GEMV_GROUP[enc](x, tuple(ws), offs, got)
+        for w, a, b in zip(ws, offs[:-1], offs[1:]):
+            alone = np.empty((m, w.shape[0]), np.float32)
+            gemv.GEMV_GROUP[enc](x, (w,), gemv.offsets((w.shape[0],)), alone)
+            assert got[:, a:b].tobytes() == alone.tobytes(), (enc, m)
+
+
 @pytest.mark.parametrize("enc", ["q5_0", "q8_0", "q4_k"])
 def test_gemv_tiled_equals_whole_rows_bit_for_bit(enc):
     """The tiled GEMV (pieces of K at a time over tiles of weight rows, for x rows too long
