@@ -196,24 +196,43 @@ def has_vnni() -> bool:
 
 
 # -- x: (M, K) float32 -> codes, lane scales, lane offsets, block sums -----------------
+_ROUND = np.float32(1.5 * 2 ** 23)    # (v + _ROUND) - _ROUND: v to the nearest integer, ties
+                                      # to even (np.rint), for |v| < 2**22
+
+
 @numba.njit(cache=CACHE)
 def _quantize_x(x, off, xq, xl, xc, xs):
+    # branch-free inner loops (selects, a tree of maxima, the rounding by adding and taking
+    # away _ROUND) that vectorise: 1 x 2048, 4.5 -> 2.9 us a call. A NaN in a block makes
+    # its d NaN, so the row's outputs are NaN as with float x (a NaN used to be ignored
+    # by the max and coded 0); an inf makes d inf and the codes 0, NaN outputs too.
     m, k = x.shape
+    codes = np.empty(32, np.float32)
+    peak = np.empty(32, np.float32)
     for i in range(m):
         for b in range(k // 32):
-            amax = np.float32(0)
+            nan = False
             for t in range(32):
-                amax = max(amax, abs(x[i, 32 * b + t]))
-            d = amax / np.float32(127)
+                peak[t] = abs(x[i, 32 * b + t])
+                nan |= peak[t] != peak[t]
+            half = 16
+            while half:                 # max |x|: a tree of elementwise maxima (exact)
+                for t in range(half):
+                    peak[t] = peak[t + half] if peak[t + half] > peak[t] else peak[t]
+                half //= 2
+            amax = peak[0]
+            d = np.float32(np.nan) if nan else amax / np.float32(127)
             inv = np.float32(127) / amax if amax > 0 else np.float32(0)
+            for t in range(32):
+                v = x[i, 32 * b + t] * inv
+                r = (v + _ROUND) - _ROUND
+                codes[t] = r if abs(v) <= 127.5 else np.float32(0)     # NaN, inf: 0
+            for t in range(32):
+                xq[i, 32 * b + t] = np.int8(codes[t])
             total = 0
             for grp in range(8):
-                s = 0
-                for t in range(4):
-                    v = x[i, 32 * b + 4 * grp + t] * inv
-                    q = int(np.rint(v)) if abs(v) <= 127.5 else 0   # NaN, inf: 0
-                    xq[i, 32 * b + 4 * grp + t] = q
-                    s += q
+                s = int(codes[4 * grp] + codes[4 * grp + 1] + codes[4 * grp + 2]
+                        + codes[4 * grp + 3])
                 xc[i, 8 * b + grp] = -off * s
                 xl[i, 8 * b + grp] = d
                 total += s

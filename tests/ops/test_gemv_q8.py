@@ -157,10 +157,13 @@ def test_q8_non_finite_x_stays_in_its_row():
     x = rng.standard_normal((3, k)).astype(np.float32)
     run = md.compile(_graph(k, n, data, "q4_0", 3), activations="q8")
     clean = run(x)[0]
-    x[1, 5], x[1, 300] = np.inf, np.nan
-    out = run(x)[0]
-    assert not np.isfinite(out[1]).any()
-    assert out[[0, 2]].tobytes() == clean[[0, 2]].tobytes()
+    for bad in ([(1, 5, np.inf), (1, 300, np.nan)], [(1, 300, np.nan)], [(1, 7, -np.inf)]):
+        y = x.copy()
+        for i, j, v in bad:
+            y[i, j] = v
+        out = run(y)[0]
+        assert not np.isfinite(out[1]).any(), bad
+        assert out[[0, 2]].tobytes() == clean[[0, 2]].tobytes()
 
 
 def test_activations_mode_is_checked_and_follows_the_environment(monkeypatch):
