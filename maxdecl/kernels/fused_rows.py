@@ -72,6 +72,11 @@ def rows_flat(x) -> tuple:
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
+# An element of act(a) * b counts as this many units of ``PARALLEL_MIN_WORK`` (an exp,
+# tanh or erf and a few multiplies, against one add for the unit): a prefill's 128 x
+# 2048 gelu_tanh runs on both threads (Gemma 3 270M, bench/profile_ops.py: act_mul
+# 405 -> 239 us a call, 18 a prefill); a decode step's one row stays serial.
+ACT_COST = 8
 
 
 _F32 = np.dtype(np.float32)
@@ -169,8 +174,8 @@ def act_mul(args, attrs):
     if rows is not None:
         out = np.empty(a.shape, np.float32)
         (fa, sa), (fb, sb) = rows_flat(rows[0]), rows_flat(rows[1])
-        pick(_act_mul, a.size)(fa, sa, fb, sb, ACTIVATIONS[attrs["act"]],
-                               out.reshape(rows[0].shape))
+        pick(_act_mul, a.size * ACT_COST)(fa, sa, fb, sb, ACTIVATIONS[attrs["act"]],
+                                          out.reshape(rows[0].shape))
         return [out]
     y = _UNFUSED[attrs["act"]](a)
     return [np.asarray(np.multiply(y, b) if attrs["first"] else np.multiply(b, y))]
