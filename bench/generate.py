@@ -7,7 +7,12 @@ token, the generation), maxdecl's start-up time to the first token with a warm a
 cold numba cache, and the whole ``maxdecl run ... --max-new-tokens 1`` process (wall
 time, peak RSS). Run by hand on an idle machine:
 
-    python bench/generate.py [--runs 3] [--threads 2] [--activations q8]
+    python bench/generate.py [--runs 3] [--threads 2] [--activations q8] [--gemv]
+
+``--gemv`` adds the last target's figure from the same run: each encoding's GEMV
+weight bandwidth as a share of the read bandwidth, one row of x, at Gemma's head shape
+and at 4096 x 14336, W streamed from memory (``bench/qmatmul.py --m1`` in a child
+process, in the chosen activations mode).
 
 ``--activations q8`` runs maxdecl with int8-rounded x in its decode matmuls (as
 llama.cpp does; ``md.compile(..., activations="q8")``), through ``MAXDECL_ACTIVATIONS``.
@@ -225,6 +230,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--activations", choices=["f32", "q8"],
                     help="maxdecl's GEMV activations (default: MAXDECL_ACTIVATIONS, else f32)")
+    ap.add_argument("--gemv", action="store_true",
+                    help="also print each encoding's GEMV share of the read bandwidth")
     a = ap.parse_args()
     if a.activations:
         os.environ["MAXDECL_ACTIVATIONS"] = a.activations      # every worker inherits it
@@ -289,6 +296,19 @@ def main() -> None:
         a_ids, b_ids = runs["maxdecl"][0]["ids"], runs["llama.cpp"][0]["ids"]
         same = next((i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), len(a_ids))
         print(f"  greedy ids agree for the first {same} of {len(a_ids)} tokens")
+    if a.gemv:
+        _gemv_shares(a.threads)
+
+
+def _gemv_shares(threads):
+    """Print ``bench/qmatmul.py --m1``'s yardstick and share lines for this run's mode."""
+    mode = os.environ.get("MAXDECL_ACTIVATIONS") or "f32"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "qmatmul.py")
+    out = subprocess.run([sys.executable, script, "--m1", "--threads", str(threads),
+                          "--activations", mode], capture_output=True, text=True, check=True)
+    for line in out.stdout.splitlines():
+        if line.startswith(("read bandwidth", "W: ", f"{mode} x: GEMV")):
+            print("  " + line)
 
 
 if __name__ == "__main__":

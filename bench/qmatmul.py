@@ -15,6 +15,12 @@ shapes: q5_0 (1024, 640), (256, 640), (2048, 640) x2 and q8_0 (256, 640) per lay
 weights (as in the model, so the 42.6 MB of q5_0 does not sit in cache), and prints the
 per-token total.
 
+By default each timed call reads a different copy of W, the copies together twice the
+last-level cache (``--warm``: one copy, as before session 23), so every figure is a read
+from memory: with one copy, a 33-178 MB matrix partly stays in a large L3 (480 MB on the
+VMs measured) and the share can pass 100%. The read-bandwidth yardstick likewise sums
+twice the last-level cache.
+
 On a shared machine, 2-thread wall times swing with the scheduler; for a steadier
 comparison run one thread on CPU time:
 ``OPENBLAS_NUM_THREADS=1 python bench/qmatmul.py --threads 1 --cpu-time``.
@@ -39,6 +45,33 @@ SHAPES = [(262144, 640), (4096, 14336)]
 
 
 CLOCK = time.perf_counter
+
+
+def _llc_bytes():
+    """The last-level cache's size in bytes (sysfs), or 256 MiB where it is not known."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else ():
+        try:
+            with open(os.path.join(base, name, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best or (256 << 20)
+
+
+def _rotating(copies):
+    """A function that returns the next of ``copies`` on each call, in turn."""
+    state = [0]
+
+    def take():
+        state[0] = (state[0] + 1) % len(copies)
+        return copies[state[0]]
+    return take
 
 
 def _timeit(fn, reps, warm=True):
@@ -70,7 +103,7 @@ def _timeit_modes(fn, modes, var, reps):
     return [(float(np.median(ts[m])), min(ts[m]), max(ts[m])) for m in modes]
 
 
-def _read_bandwidth(mib=512, reps=7):
+def _read_bandwidth(mib, reps=7):
     import numba
 
     from maxdecl.kernels.config import CACHE, FASTMATH
@@ -91,6 +124,7 @@ def _read_bandwidth(mib=512, reps=7):
         return parts.sum()
 
     a = np.ones((mib << 20) // 4, np.float32)
+    _psum(a[:1024])                                    # compile outside the timing
     med, lo, hi = _timeit(lambda: _psum(a), reps)
     return a.nbytes / med, a.nbytes / hi, a.nbytes / lo
 
@@ -160,6 +194,9 @@ def main(argv=None):
                     help="--gemma: timed calls per shape (at least 3 passes over its layers)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with process CPU time (meaningful with --threads 1)")
+    ap.add_argument("--warm", action="store_true",
+                    help="time one copy of W (which may stay in a large last-level cache)")
+    ap.add_argument("--m1", action="store_true", help="one row of x only")
     ap.add_argument("--activations", choices=["f32", "q8", "both"], default="both",
                     help="x as float32 (exact), int8-rounded (md.compile(..., "
                     "activations='q8')), or both in turn")
@@ -185,9 +222,16 @@ def main(argv=None):
         gemma(run, args.reps)
         print(f"load average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
         return
-    bw, bw_lo, bw_hi = _read_bandwidth()
-    print(f"read bandwidth (numba prange sum, 512 MiB f32): {bw / 1e9:.1f} GB/s "
-          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})\n")
+    llc = _llc_bytes()
+    stream = 0 if args.warm else 2 * llc          # bytes of W copies read in turn
+    bw_mib = max(512, stream >> 20)
+    bw, bw_lo, bw_hi = _read_bandwidth(bw_mib)
+    print(f"read bandwidth (numba prange sum, {bw_mib} MiB f32): {bw / 1e9:.1f} GB/s "
+          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})")
+    print("W: one copy (--warm)" if args.warm else
+          f"W: copies read in turn, {stream >> 20} MiB in all (twice the "
+          f"{llc >> 20} MiB last-level cache)")
+    print()
     modes = ["f32", "q8"] if args.activations == "both" else [args.activations]
     head = (f"{'enc':5} {'N':>6} {'K':>5} {'W MB':>6} {'M':>2} {'x':>3} {'ours ms':>8} {'spread':>15} "
             f"{'W GB/s':>7} {'%bw':>5} {'numpy ms':>9} {'x numpy':>7}")
@@ -200,13 +244,16 @@ def main(argv=None):
             if md.codecs.get(enc).block_elements == 256 and k % 256:
                 k = (k + 255) // 256 * 256           # K-quants: 262144 x 768
             data = _packed(enc, n, k, rng)
-            qt = md.QuantizedTensor(data, (n, k), enc)
+            copies = [data] + [data.copy() for _ in range(-(-stream // data.nbytes) - 1)]
+            qts = _rotating([md.QuantizedTensor(c, (n, k), enc) for c in copies])
             w_f32 = gq.dequantize(data, getattr(GT, enc.upper()))   # baseline operand
-            for m in (1, 8):
+            for m in (1,) if args.m1 else (1, 8):
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 reps = 5 if args.quick else 11
+                reps = max(reps, len(copies) + 1)
                 # the modes' calls alternate, so that both see the machine's same moments
-                timed = _timeit_modes(lambda: run([x, qt], {}), modes, ACTIVATION_MODE, reps)
+                timed = _timeit_modes(lambda: run([x, qts()], {}), modes, ACTIVATION_MODE,
+                                      reps)
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, 3)
                 for mode, (t, lo, hi) in zip(modes, timed):
                     wbw = data.nbytes / t
@@ -215,11 +262,13 @@ def main(argv=None):
                           f"{t * 1e3:8.2f} {lo * 1e3:7.2f}-{hi * 1e3:7.2f} {wbw / 1e9:7.1f} "
                           f"{pct} {tb * 1e3:9.2f} {tb / t:7.2f}", flush=True)
                     results.append((enc, n, k, m, mode, t, wbw))
-            del w_f32
+            w_f32 = qts = copies = None          # free before the next encoding
     for mode in modes:
         one = {(e, n, k): (t, b) for e, n, k, m, md_, t, b in results if m == 1 and md_ == mode}
         print(f"\n{mode} x: GEMV weight bandwidth / read bandwidth (target >= 85%): "
               + ", ".join(f"{e} {n}x{k} {100 * b / bw:.0f}%" for (e, n, k), (t, b) in one.items()))
+        if args.m1:
+            continue
         print(f"{mode} x: 8 rows cost (x one row's time): "
               + ", ".join(f"{e} {n}x{k} {t8 / one[(e, n, k)][0]:.2f}"
                           for e, n, k, m, md_, t8, _ in results if m == 8 and md_ == mode))
