@@ -5,9 +5,10 @@ q5_k,q4_1,q5_1,q3_k,q2_k,iq4_xs) at (N, K) = (262144, 640) (Gemma 3's tied outpu
 and (4096, 14336), with M = 1 and 8 rows of x, each with float32 x and with int8-rounded
 x (``--activations``, default both; ``md.compile(..., activations="q8")``): median time
 of ``qmatmul`` (through the op's run), effective weight bandwidth (packed bytes of W / time) as a
-share of the machine's read bandwidth (a numba parallel sum over 512 MiB of float32,
-measured in the same run), what 8 rows cost against one, and the ratio against numpy's
-float32 matmul on weights decoded beforehand (4-7x the bytes), same run.
+share of the machine's read bandwidth (a numba parallel sum over at least 512 MiB of
+float32, read just before and just after the row's GEMV calls, so that both see the
+same moments of a shared machine: column ``bw``), what 8 rows cost against one, and the ratio against
+numpy's float32 matmul on weights decoded beforehand (4-7x the bytes), same run.
 
 ``--gemma`` times instead the decode GEMVs (M=1) of Gemma 3 270M Q4_K_M at exactly its
 shapes: q5_0 (1024, 640), (256, 640), (2048, 640) x2 and q8_0 (256, 640) per layer over
@@ -29,6 +30,7 @@ comparison run one thread on CPU time:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -103,7 +105,28 @@ def _timeit_modes(fn, modes, var, reps):
     return [(float(np.median(ts[m])), min(ts[m]), max(ts[m])) for m in modes]
 
 
-def _read_bandwidth(mib, reps=7):
+def _bracketed(fn, probe, calls=3):
+    """``fn()``'s result, and the read bandwidth of ``probe`` (``_bandwidth_probe``)
+    around it: the median of ``calls`` reads just before and ``calls`` just after. (Read
+    between the timed calls instead, a 960 MiB sum took 3-5% off the GEMV's speed.)"""
+    read, nbytes = probe
+
+    def times():
+        out = []
+        for _ in range(calls):
+            t = CLOCK()
+            read()
+            out.append(CLOCK() - t)
+        return out
+
+    before = times()
+    result = fn()
+    return result, nbytes / float(np.median(before + times()))
+
+
+def _bandwidth_probe(mib):
+    """(sum, bytes): a function that reads ``mib`` MiB of float32 with a numba parallel
+    sum (each thread one sequential stream), and the bytes it reads."""
     import numba
 
     from maxdecl.kernels.config import CACHE, FASTMATH
@@ -124,8 +147,14 @@ def _read_bandwidth(mib, reps=7):
         return parts.sum()
 
     a = np.ones((mib << 20) // 4, np.float32)
-    med, lo, hi = _timeit(lambda: _psum(a), reps)
-    return a.nbytes / med, a.nbytes / hi, a.nbytes / lo
+    return (lambda: _psum(a)), a.nbytes
+
+
+def _read_bandwidth(mib, reps=7, probe=None):
+    """(median, min, max) bytes/s of ``_bandwidth_probe(mib)`` (or of ``probe``)."""
+    fn, nbytes = probe or _bandwidth_probe(mib)
+    med, lo, hi = _timeit(fn, reps)
+    return nbytes / med, nbytes / hi, nbytes / lo
 
 
 def _packed(enc, n, k, rng):
@@ -224,16 +253,18 @@ def main(argv=None):
     llc = _llc_bytes()
     stream = 0 if args.warm else 2 * llc          # bytes of W copies read in turn
     bw_mib = max(512, stream >> 20)
-    bw, bw_lo, bw_hi = _read_bandwidth(bw_mib)
+    probe = _bandwidth_probe(bw_mib)
+    bw, bw_lo, bw_hi = _read_bandwidth(bw_mib, probe=probe)
     print(f"read bandwidth (numba prange sum, {bw_mib} MiB f32): {bw / 1e9:.1f} GB/s "
-          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f})")
+          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f}); a row's %bw is against the same "
+          "sum read just before and after its calls (column bw)")
     print("W: one copy (--warm)" if args.warm else
           f"W: copies read in turn, {stream >> 20} MiB in all (twice the "
           f"{llc >> 20} MiB last-level cache)")
     print()
     modes = ["f32", "q8"] if args.activations == "both" else [args.activations]
-    head = (f"{'enc':5} {'N':>6} {'K':>5} {'W MB':>6} {'M':>2} {'x':>3} {'ours ms':>8} {'spread':>15} "
-            f"{'W GB/s':>7} {'%bw':>5} {'numpy ms':>9} {'x numpy':>7}")
+    head = (f"{'enc':5} {'N':>6} {'K':>5} {'W MB':>6} {'M':>2} {'x':>3} {'ours ms':>8} "
+            f"{'spread':>15} {'W GB/s':>7} {'bw':>5} {'%bw':>5} {'numpy ms':>9} {'x numpy':>7}")
     print(head)
     print("-" * len(head))
     shapes = SHAPES[1:] if args.quick else SHAPES
@@ -248,24 +279,25 @@ def main(argv=None):
             w_f32 = gq.dequantize(data, getattr(GT, enc.upper()))   # baseline operand
             for m in (1,) if args.m1 else (1, 8):
                 x = rng.standard_normal((m, k)).astype(np.float32)
-                reps = 5 if args.quick else 11
+                reps = 5 if args.quick else 21
                 reps = max(reps, len(copies) + 1)
                 # the modes' calls alternate, so that both see the machine's same moments
-                timed = _timeit_modes(lambda: run([x, qts()], {}), modes, ACTIVATION_MODE,
-                                      reps)
+                timed, bw_now = _bracketed(functools.partial(
+                    _timeit_modes, lambda: run([x, qts()], {}), modes, ACTIVATION_MODE, reps),
+                    probe)
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, 3)
                 for mode, (t, lo, hi) in zip(modes, timed):
                     wbw = data.nbytes / t
-                    pct = f"{100 * wbw / bw:4.0f}%" if m == 1 else "    -"
+                    pct = f"{100 * wbw / bw_now:4.0f}%" if m == 1 else "    -"
                     print(f"{enc:5} {n:6} {k:5} {data.nbytes / 1e6:6.1f} {m:2} {mode:>3} "
                           f"{t * 1e3:8.2f} {lo * 1e3:7.2f}-{hi * 1e3:7.2f} {wbw / 1e9:7.1f} "
-                          f"{pct} {tb * 1e3:9.2f} {tb / t:7.2f}", flush=True)
-                    results.append((enc, n, k, m, mode, t, wbw))
+                          f"{bw_now / 1e9:5.1f} {pct} {tb * 1e3:9.2f} {tb / t:7.2f}", flush=True)
+                    results.append((enc, n, k, m, mode, t, wbw / bw_now))
             w_f32 = qts = copies = None          # free before the next encoding
     for mode in modes:
-        one = {(e, n, k): (t, b) for e, n, k, m, md_, t, b in results if m == 1 and md_ == mode}
+        one = {(e, n, k): (t, r) for e, n, k, m, md_, t, r in results if m == 1 and md_ == mode}
         print(f"\n{mode} x: GEMV weight bandwidth / read bandwidth (target >= 85%): "
-              + ", ".join(f"{e} {n}x{k} {100 * b / bw:.0f}%" for (e, n, k), (t, b) in one.items()))
+              + ", ".join(f"{e} {n}x{k} {100 * r:.0f}%" for (e, n, k), (t, r) in one.items()))
         if args.m1:
             continue
         print(f"{mode} x: 8 rows cost (x one row's time): "

@@ -82,17 +82,32 @@ def _dpbusd(builder, acc, a, b, vnni):
     return acc
 
 
+# Software prefetch this many bytes ahead of each weight row being read. With the runs
+# read in lockstep (four rows streaming per thread), 1 KB measured best: against 4 KB
+# (16 KB for q8_0 before), into L2, one row of x, W from memory, calls alternating:
+# 4096 x 14336 q8_0 1.15x, q6_k 1.06x, others 1.01-1.03x; 262144 x 640|768 1.00-1.07x;
+# 2 KB between. Into L1 as well (T0) rather than L2 only: 4096 x 14336 1.00-1.03x,
+# 262144 x 640|768 0.985-1.02x (q8_0 the 0.985x); 768 bytes, or T0 without the near
+# prefetch, 0.96-1.04x.
+FAR_PREFETCH = 1024
+
+
 # -- unit decoders: (builder, bp, ctx, u, nblk) -> (codes <64 x i8>, scales <16 x float>)
 # codes in value order (byte i is value i of the unit), scales per lane of 4 values. For
 # the 32-value encodings a unit is blocks b and b + 1 (``nblk`` 2) or a last block alone
 # (``nblk`` 1: the second half's codes meet x's zero padding).
 class _Layout8:
-    def __init__(self, values, nbytes, off, unit, prepare=None, mins=False, prefetch=4096):
+    def __init__(self, values, nbytes, off, unit, prepare=None, mins=False,
+                 prefetch=FAR_PREFETCH):
         self.values, self.nbytes, self.off = values, nbytes, off
         self.unit, self.prepare, self.mins, self.prefetch = unit, prepare, mins, prefetch
         self.units = max(1, values // 64)            # units per block
         self.per_step = max(1, 64 // values)         # blocks per unit
-        self.prefetch_lines = max(1, (nbytes * self.per_step + 32) // 64)
+        # one prefetch per 64 bytes of a step, rounded up, so that consecutive prefetch
+        # addresses are never more than a line apart and every line is asked for (rounded
+        # to nearest, a 144-byte q4_k step took 2 and a 210-byte q6_k step 3, skipping
+        # a line now and then: q6_k 1.05-1.08x with all lines, the others even)
+        self.prefetch_lines = max(1, -(-nbytes * self.per_step // 64))
 
 
 def _pair(builder, bp, nbytes, nblk, load):
@@ -181,7 +196,7 @@ def _q6_k_unit8(builder, bp, dsc, u, nblk):
 
 
 LAYOUT8 = {
-    "q8_0": _Layout8(32, 34, 128, _q8_0_unit8, prefetch=16384),
+    "q8_0": _Layout8(32, 34, 128, _q8_0_unit8),
     "q4_0": _Layout8(32, 18, 8, _q4_0_unit8),
     "q5_0": _Layout8(32, 22, 16, _q5_0_unit8),
     "q4_k": _Layout8(256, 144, 0, _q4_k_unit8, _q4_k_prepare, mins=True),
@@ -287,22 +302,29 @@ _SCRATCH = threading.local()
 
 
 # -- the row intrinsic ----------------------------------------------------------------
-def row8_intrinsic(enc: str, vnni: bool | None = None):
-    """An intrinsic ``(w, r, xq, xl, xc, xs, out, col) -> None``: ``out[m, col] =
-    W[r] . x[m]`` for every row m of the quantized x (``quantize_x`` with this
-    encoding's ``off``), W the packed ``enc`` blocks ``w`` (2-D uint8, C order).
-    ``vnni``: use ``vpdpbusd`` (default: where the CPU has it); the same bits either way."""
+def row8_intrinsic(enc: str, vnni: bool | None = None, wrows: int = 1):
+    """An intrinsic ``(ws, rs, xq, xl, xc, xs, out, cols) -> None``: ``out[m, cols[i]] =
+    ws[i][rs[i]] . x[m]`` for every row m of the quantized x (``quantize_x`` with this
+    encoding's ``off``) and each of the ``wrows`` weight rows i (tuples ``ws`` of 2-D
+    uint8 arrays of ``enc`` blocks, C order, ``rs`` and ``cols`` of integers), the
+    weight rows read in lockstep. ``vnni``: use ``vpdpbusd`` (default: where the CPU has
+    it); the same bits either way, and a row's bits do not depend on ``wrows``."""
     lay = LAYOUT8[enc]
     vnni = has_vnni() if vnni is None else vnni
 
-    def typer(typingctx, w, r, xq, xl, xc, xs, out, col):
+    def typer(typingctx, ws, rs, xq, xl, xc, xs, out, cols):
         def mat(a, dt):
             return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt
 
-        ok = (mat(w, types.uint8) and mat(xq, types.int8) and mat(xl, types.float32)
+        def ints(t):
+            return (isinstance(t, types.BaseTuple) and len(t) == wrows
+                    and all(isinstance(v, types.Integer) for v in t))
+
+        ok = (isinstance(ws, types.UniTuple) and ws.count == wrows
+              and mat(ws.dtype, types.uint8) and ints(rs) and ints(cols)
+              and mat(xq, types.int8) and mat(xl, types.float32)
               and mat(xc, types.int32) and mat(xs, types.float32) and mat(out, types.float32)
-              and all(a.layout == "C" for a in (w, xq, xl, xc, xs))
-              and isinstance(r, types.Integer) and isinstance(col, types.Integer))
+              and all(a.layout == "C" for a in (ws.dtype, xq, xl, xc, xs)))
         if not ok:
             return None
 
@@ -310,82 +332,109 @@ def row8_intrinsic(enc: str, vnni: bool | None = None):
             _emit_rows8(context, builder, sig, args, lay, vnni)
             return context.get_dummy_value()
 
-        return types.void(w, r, xq, xl, xc, xs, out, col), codegen
+        return types.void(ws, rs, xq, xl, xc, xs, out, cols), codegen
 
     return intrinsic(typer)
 
 
 def _emit_rows8(context, builder, sig, args, lay, vnni):
-    arr = [context.make_array(t)(context, builder, a) if isinstance(t, types.Array) else None
-           for t, a in zip(sig.args, args)]
-    wa, _, qa, la, ca, sa, oa, _ = arr
+    ws_t, rs_t, *_, cols_t = sig.args
+    wrows = ws_t.count
+    qa, la, ca, sa, oa = [context.make_array(t)(context, builder, a)
+                          for t, a in zip(sig.args[2:7], args[2:7])]
     i64 = lambda v: _ir_const(_IR_I64, v)
-    r = context.cast(builder, args[1], sig.args[1], types.intp)
-    col = context.cast(builder, args[7], sig.args[7], types.intp)
-    n_rows = cgutils.unpack_tuple(builder, qa.shape)[0]
-    w_stride = cgutils.unpack_tuple(builder, wa.strides)[0]
+
+    def intp(tup, tup_t):
+        return [context.cast(builder, v, t, types.intp)
+                for v, t in zip(cgutils.unpack_tuple(builder, tup, wrows), tup_t)]
+
+    was = [context.make_array(ws_t.dtype)(context, builder, w)
+           for w in cgutils.unpack_tuple(builder, args[0], wrows)]
     o_strides = cgutils.unpack_tuple(builder, oa.strides)
-    row = builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()), [builder.mul(r, w_stride)])
+    o_base = builder.bitcast(oa.data, _IR_I8.as_pointer())
+    rows = [builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
+                        [builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])])
+            for wa, r in zip(was, intp(args[1], rs_t))]
+    o_cols = [builder.gep(o_base, [builder.mul(c, o_strides[1])])
+              for c in intp(args[7], cols_t)]
+    n_rows = cgutils.unpack_tuple(builder, qa.shape)[0]
     bases = [(builder.bitcast(a.data, _IR_I8.as_pointer()),
               cgutils.unpack_tuple(builder, a.strides)[0]) for a in (qa, la, ca, sa)]
-    o_col = builder.gep(builder.bitcast(oa.data, _IR_I8.as_pointer()),
-                        [builder.mul(col, o_strides[1])])
-    # blocks in W's row (the x arrays are padded to 64 values, W is not)
-    nb = builder.sdiv(cgutils.unpack_tuple(builder, wa.shape)[1], i64(lay.nbytes))
+    # blocks in a weight row (the x arrays are padded to 64 values, W is not); the rows of
+    # one call share K (the group kernels' matrices multiply the same x)
+    nb = builder.sdiv(cgutils.unpack_tuple(builder, was[0].shape)[1], i64(lay.nbytes))
 
-    def chunk(m, rows):
+    def chunk(m, xrows):
         xs = [[builder.gep(base, [builder.mul(builder.add(m, i64(j)), stride)])
-               for base, stride in bases] for j in range(rows)]
-        for j, v in enumerate(_emit_dots8(builder, row, xs, nb, lay, vnni)):
-            p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
-            builder.store(v, builder.bitcast(p, _IR_F32.as_pointer()))
+               for base, stride in bases] for j in range(xrows)]
+        dots = iter(_emit_dots8(builder, rows, xs, nb, lay, vnni))
+        for o_col in o_cols:
+            for j in range(xrows):
+                p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
+                builder.store(next(dots), builder.bitcast(p, _IR_F32.as_pointer()))
 
-    for_row_chunks(builder, n_rows, ROW_CHUNKS, chunk, "rows8")
+    # at most 8 (weight row, x row) pairs at once: 16 accumulators
+    for_row_chunks(builder, n_rows, tuple(c for c in ROW_CHUNKS if c * wrows <= 8 or c == 1),
+                   chunk, "rows8")
 
 
-def _emit_dots8(builder, row, xs, nb, lay, vnni):
-    """The dot of the weight row at ``row`` (i8*) with each quantized x row (``xs``:
-    per row, pointers to its codes, lane scales, lane offsets, block sums)."""
+def _emit_dots8(builder, rows, xs, nb, lay, vnni):
+    """The dots of the weight rows at ``rows`` (i8* each) with each quantized x row
+    (``xs``: per row, pointers to its codes, lane scales, lane offsets, block sums), in
+    the order [W row 0 . x row 0, W row 0 . x row 1, .., W row 1 . x row 0, ..]. Each
+    step reads one unit of every weight row and x's vectors once for all of them; each
+    (weight row, x row) pair sums in its own two accumulators, so its bits are the same
+    whatever other rows share the call."""
     i64 = lambda v: _ir_const(_IR_I64, v)
     fma = _intrinsic_fn(builder, "llvm.fmuladd", _VF16, 3)
     fma8 = _intrinsic_fn(builder, "llvm.fmuladd", _VF8, 3)
     zero = ir.Constant(_VI16, None)
-    accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF16, None)) for _ in range(2)]
-            for _ in xs]
-    mins = [cgutils.alloca_once_value(builder, ir.Constant(_VF8, None)) for _ in xs]
+
+    def alloca(ty):
+        return cgutils.alloca_once_value(builder, ir.Constant(ty, None))
+
+    accs = [[[alloca(_VF16), alloca(_VF16)] for _ in xs] for _ in rows]
+    mins = [[alloca(_VF8) for _ in xs] for _ in rows]
     pf = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [_IR_I8.as_pointer()] + [_IR_I32] * 3),
         "llvm.prefetch.p0i8")
-    locality = prefetch_locality()
+    # far prefetch: into all levels (T0), or non-temporal where ``prefetch_locality``
+    # says so (AMD Zen)
+    far = 3 if prefetch_locality() else 0
 
     def vec(p, off, ty):
         return builder.load(builder.bitcast(builder.gep(p, [off]), ty.as_pointer()), align=1)
 
     def step(b, nblk):
         """Blocks b .. b + nblk - 1 (one unit of 32-value blocks, or one super-block)."""
-        bp = builder.gep(row, [builder.mul(b, i64(lay.nbytes))])
-        for ahead, keep in ((lay.prefetch, locality), (NEAR_PREFETCH, 3)):
-            for line in range(lay.prefetch_lines):  # read, kept in cache, data
-                builder.call(pf, [builder.gep(bp, [i64(ahead + 64 * line)]),
-                                  _ir_const(_IR_I32, 0), _ir_const(_IR_I32, keep),
-                                  _ir_const(_IR_I32, 1)])
-        ctx = lay.prepare(builder, bp, 16) if lay.prepare else None
+        bps, ctxs = [], []
+        for row in rows:
+            bp = builder.gep(row, [builder.mul(b, i64(lay.nbytes))])
+            for ahead, keep in ((lay.prefetch, far), (NEAR_PREFETCH, 3)):
+                for line in range(lay.prefetch_lines):  # read, kept in cache, data
+                    builder.call(pf, [builder.gep(bp, [i64(ahead + 64 * line)]),
+                                      _ir_const(_IR_I32, 0), _ir_const(_IR_I32, keep),
+                                      _ir_const(_IR_I32, 1)])
+            bps.append(bp)
+            ctxs.append(lay.prepare(builder, bp, 16) if lay.prepare else None)
         v0 = builder.mul(b, i64(lay.values))               # first value of the step
         for u in range(lay.units):
-            codes, scales = lay.unit(builder, bp, ctx, u, nblk)
             at = builder.add(v0, i64(64 * u))   # byte offset of x's codes and of its lanes
-            for (q, l, c, _), acc in zip(xs, accs):
-                start = vec(c, at, _VI16) if lay.off else zero
-                isum = _dpbusd(builder, start, codes, vec(q, at, _V64), vnni)
-                scale = builder.fmul(scales, vec(l, at, _VF16))
-                part = acc[u % 2]
-                builder.store(builder.call(fma, [builder.sitofp(isum, _VF16), scale,
-                                                 builder.load(part)]), part)
+            xv = [(vec(c, at, _VI16) if lay.off else zero, vec(q, at, _V64), vec(l, at, _VF16))
+                  for q, l, c, _ in xs]
+            for bp, ctx, row_accs in zip(bps, ctxs, accs):
+                codes, scales = lay.unit(builder, bp, ctx, u, nblk)
+                for (start, xcodes, xlanes), acc in zip(xv, row_accs):
+                    isum = _dpbusd(builder, start, codes, xcodes, vnni)
+                    part = acc[u % 2]
+                    builder.store(builder.call(fma, [builder.sitofp(isum, _VF16),
+                                                     builder.fmul(scales, xlanes),
+                                                     builder.load(part)]), part)
         if lay.mins:                                       # + sum_s (-dmin m_s) * d sum q_s
-            _, ndm = ctx
-            for (_, _, _, s), macc in zip(xs, mins):
-                xsum = vec(s, builder.sdiv(v0, i64(8)), _VF8)     # 4 bytes a block
-                builder.store(builder.call(fma8, [ndm, xsum, builder.load(macc)]), macc)
+            xsums = [vec(s, builder.sdiv(v0, i64(8)), _VF8) for _, _, _, s in xs]  # 4 B a block
+            for (_, ndm), row_mins in zip(ctxs, mins):
+                for xsum, macc in zip(xsums, row_mins):
+                    builder.store(builder.call(fma8, [ndm, xsum, builder.load(macc)]), macc)
 
     n_steps = builder.sdiv(nb, i64(lay.per_step))
     with cgutils.for_range(builder, n_steps) as loop:
@@ -394,73 +443,186 @@ def _emit_dots8(builder, row, xs, nb, lay, vnni):
         with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, i64(2)), i64(0))):
             step(builder.sub(nb, i64(1)), 1)
     totals = []
-    for acc, macc in zip(accs, mins):
-        t = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
-        if lay.mins:
-            wide = builder.shuffle_vector(builder.load(macc), ir.Constant(_VF8, None),
-                                          _vi(16, list(range(16))))
-            t = builder.fadd(t, wide)
-        totals.append(t)
+    for row_accs, row_mins in zip(accs, mins):
+        for acc, macc in zip(row_accs, row_mins):
+            t = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
+            if lay.mins:
+                wide = builder.shuffle_vector(builder.load(macc), ir.Constant(_VF8, None),
+                                              _vi(16, list(range(16))))
+                t = builder.fadd(t, wide)
+            totals.append(t)
     return _hsums(builder, totals)
 
 
-# -- kernels: ``gemv.GEMV_GROUP``'s group calls on quantized x, written out per encoding
-# as there (a factory closing over the intrinsic would miss numba's on-disk cache)
+# -- kernels: ``gemv.GEMV_GROUP``'s group calls on quantized x ------------------------
+# A thread walks its weight rows as ``gemv.STREAMS`` interleaved runs (``stream_stride``)
+# and, with few rows of x, reads the runs in lockstep: one call takes a unit of every
+# run's row in turn, so all the runs stream at once whatever the row length, and x's
+# vectors are loaded once for them. Before, a call read one row at a time: with rows of
+# 8 KB only one run streamed at a time. 2 threads, one row of x, W streamed from memory,
+# calls alternating in one process (time before / after): 4096 x 14336 q4_0 1.31x,
+# q5_0 1.27x, q4_k 1.28x, q6_k 1.20x, q8_0 1.10x; 262144 x 640|768 0.96-1.01x. Two
+# rows of x 1.56-1.72x at 4096 x 14336; with three or four, two runs in lockstep
+# (four rows of x: 1.17-1.58x, q6_k at 262144 x 768 0.96x; all four runs, 32
+# accumulators that spill: 0.85-1.41x).
+@numba.njit(inline="always")
+def lockstep_rows(m: int) -> int:
+    """Weight rows read in lockstep by one call for ``m`` rows of x: at most 8
+    (weight row, x row) pairs, so that the accumulators stay in registers."""
+    return 4 if m <= 2 else 2 if m <= 4 else 1
+
+
+@numba.njit(inline="always")
+def _run_row(t, j, per, n):
+    """Run j's row at step t (a run past the last row repeats run 0's: the same value
+    written twice to the same column, by the same thread)."""
+    c = np.int64(t) + j * per
+    return c if c < n else np.int64(t)
+
+
+@numba.njit(inline="always")
+def _take1(ws, offs, c):
+    k = g._segment(offs, c)
+    return (ws[k],), (c - offs[k],), (c,)
+
+
+@numba.njit(inline="always")
+def _take2(ws, offs, t, per, n, h):
+    c0, c1 = _run_row(t, h, per, n), _run_row(t, h + 1, per, n)
+    k0, k1 = g._segment(offs, c0), g._segment(offs, c1)
+    return (ws[k0], ws[k1]), (c0 - offs[k0], c1 - offs[k1]), (c0, c1)
+
+
+@numba.njit(inline="always")
+def _take4(ws, offs, t, per, n):
+    c0, c1 = _run_row(t, 0, per, n), _run_row(t, 1, per, n)
+    c2, c3 = _run_row(t, 2, per, n), _run_row(t, 3, per, n)
+    k0, k1 = g._segment(offs, c0), g._segment(offs, c1)
+    k2, k3 = g._segment(offs, c2), g._segment(offs, c3)
+    return ((ws[k0], ws[k1], ws[k2], ws[k3]),
+            (c0 - offs[k0], c1 - offs[k1], c2 - offs[k2], c3 - offs[k3]), (c0, c1, c2, c3))
+
+
+# written out per encoding as ``gemv``'s (a factory closing over the intrinsics would
+# miss numba's on-disk cache)
 _r8_q8_0 = row8_intrinsic("q8_0")
-_r8_q4_0 = row8_intrinsic("q4_0")
-_r8_q5_0 = row8_intrinsic("q5_0")
-_r8_q4_k = row8_intrinsic("q4_k")
-_r8_q6_k = row8_intrinsic("q6_k")
+_r8x2_q8_0 = row8_intrinsic("q8_0", wrows=2)
+_r8x4_q8_0 = row8_intrinsic("q8_0", wrows=4)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group8_q8_0(xq, xl, xc, xs, ws, offs, out):
     n = offs[-1]
     per = g.stream_stride(n, xq.shape[0])
+    lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            k = g._segment(offs, c)
-            _r8_q8_0(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+        if lock == 4:
+            w, r, c = _take4(ws, offs, t, per, n)
+            _r8x4_q8_0(w, r, xq, xl, xc, xs, out, c)
+        elif lock == 2:
+            for h in range(0, g.STREAMS, 2):
+                w, r, c = _take2(ws, offs, t, per, n, h)
+                _r8x2_q8_0(w, r, xq, xl, xc, xs, out, c)
+        else:
+            for c in range(t, n, per):
+                w, r, c1 = _take1(ws, offs, c)
+                _r8_q8_0(w, r, xq, xl, xc, xs, out, c1)
+
+
+_r8_q4_0 = row8_intrinsic("q4_0")
+_r8x2_q4_0 = row8_intrinsic("q4_0", wrows=2)
+_r8x4_q4_0 = row8_intrinsic("q4_0", wrows=4)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group8_q4_0(xq, xl, xc, xs, ws, offs, out):
     n = offs[-1]
     per = g.stream_stride(n, xq.shape[0])
+    lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            k = g._segment(offs, c)
-            _r8_q4_0(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+        if lock == 4:
+            w, r, c = _take4(ws, offs, t, per, n)
+            _r8x4_q4_0(w, r, xq, xl, xc, xs, out, c)
+        elif lock == 2:
+            for h in range(0, g.STREAMS, 2):
+                w, r, c = _take2(ws, offs, t, per, n, h)
+                _r8x2_q4_0(w, r, xq, xl, xc, xs, out, c)
+        else:
+            for c in range(t, n, per):
+                w, r, c1 = _take1(ws, offs, c)
+                _r8_q4_0(w, r, xq, xl, xc, xs, out, c1)
+
+
+_r8_q5_0 = row8_intrinsic("q5_0")
+_r8x2_q5_0 = row8_intrinsic("q5_0", wrows=2)
+_r8x4_q5_0 = row8_intrinsic("q5_0", wrows=4)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group8_q5_0(xq, xl, xc, xs, ws, offs, out):
     n = offs[-1]
     per = g.stream_stride(n, xq.shape[0])
+    lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            k = g._segment(offs, c)
-            _r8_q5_0(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+        if lock == 4:
+            w, r, c = _take4(ws, offs, t, per, n)
+            _r8x4_q5_0(w, r, xq, xl, xc, xs, out, c)
+        elif lock == 2:
+            for h in range(0, g.STREAMS, 2):
+                w, r, c = _take2(ws, offs, t, per, n, h)
+                _r8x2_q5_0(w, r, xq, xl, xc, xs, out, c)
+        else:
+            for c in range(t, n, per):
+                w, r, c1 = _take1(ws, offs, c)
+                _r8_q5_0(w, r, xq, xl, xc, xs, out, c1)
+
+
+_r8_q4_k = row8_intrinsic("q4_k")
+_r8x2_q4_k = row8_intrinsic("q4_k", wrows=2)
+_r8x4_q4_k = row8_intrinsic("q4_k", wrows=4)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group8_q4_k(xq, xl, xc, xs, ws, offs, out):
     n = offs[-1]
     per = g.stream_stride(n, xq.shape[0])
+    lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            k = g._segment(offs, c)
-            _r8_q4_k(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+        if lock == 4:
+            w, r, c = _take4(ws, offs, t, per, n)
+            _r8x4_q4_k(w, r, xq, xl, xc, xs, out, c)
+        elif lock == 2:
+            for h in range(0, g.STREAMS, 2):
+                w, r, c = _take2(ws, offs, t, per, n, h)
+                _r8x2_q4_k(w, r, xq, xl, xc, xs, out, c)
+        else:
+            for c in range(t, n, per):
+                w, r, c1 = _take1(ws, offs, c)
+                _r8_q4_k(w, r, xq, xl, xc, xs, out, c1)
+
+
+_r8_q6_k = row8_intrinsic("q6_k")
+_r8x2_q6_k = row8_intrinsic("q6_k", wrows=2)
+_r8x4_q6_k = row8_intrinsic("q6_k", wrows=4)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group8_q6_k(xq, xl, xc, xs, ws, offs, out):
     n = offs[-1]
     per = g.stream_stride(n, xq.shape[0])
+    lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            k = g._segment(offs, c)
-            _r8_q6_k(ws[k], c - offs[k], xq, xl, xc, xs, out, c)
+        if lock == 4:
+            w, r, c = _take4(ws, offs, t, per, n)
+            _r8x4_q6_k(w, r, xq, xl, xc, xs, out, c)
+        elif lock == 2:
+            for h in range(0, g.STREAMS, 2):
+                w, r, c = _take2(ws, offs, t, per, n, h)
+                _r8x2_q6_k(w, r, xq, xl, xc, xs, out, c)
+        else:
+            for c in range(t, n, per):
+                w, r, c1 = _take1(ws, offs, c)
+                _r8_q6_k(w, r, xq, xl, xc, xs, out, c1)
 
 
 GROUP8 = {"q8_0": _group8_q8_0, "q4_0": _group8_q4_0, "q5_0": _group8_q5_0,

@@ -84,26 +84,36 @@ def test_q8_is_the_exact_dot_with_rounded_x(enc):
     assert (np.abs(out - ref) <= TOL * np.maximum(scale, 1e-30)).all()
 
 
-def _kernel(enc, vnni):
-    """A one-off (uncached) kernel over ``row8_intrinsic(enc, vnni)``."""
+def _kernel(enc, vnni, wrows=1):
+    """A one-off (uncached) kernel over ``row8_intrinsic(enc, vnni, wrows)``: the weight
+    rows taken ``wrows`` at a time in lockstep (rows past the last repeat the last)."""
     import numba
 
     from maxdecl.kernels import gemv_q8
 
-    row = gemv_q8.row8_intrinsic(enc, vnni)
+    row = gemv_q8.row8_intrinsic(enc, vnni, wrows)
 
     @numba.njit
     def run(xq, xl, xc, xs, w, out):
-        for r in range(w.shape[0]):
-            row(w, r, xq, xl, xc, xs, out, r)
+        n = w.shape[0]
+        for r in range(0, n, wrows):
+            if wrows == 1:
+                row((w,), (r,), xq, xl, xc, xs, out, (r,))
+            elif wrows == 2:
+                r1 = min(r + 1, n - 1)
+                row((w, w), (r, r1), xq, xl, xc, xs, out, (r, r1))
+            else:
+                r1, r2, r3 = min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
+                row((w, w, w, w), (r, r1, r2, r3), xq, xl, xc, xs, out, (r, r1, r2, r3))
     return run
 
 
 @pytest.mark.parametrize("enc", ENCODINGS)
 def test_q8_rows_alone_equal_rows_in_a_batch_and_both_integer_paths_agree(enc):
     """Every row of x gets the same bits alone or with up to 12 others (one to eight per
-    decode of a weight unit), and the portable integer sums (plain vector IR) give the
-    same bits as VNNI's ``vpdpbusd``."""
+    decode of a weight unit), whether 1, 2 or 4 weight rows are read in lockstep, and
+    the portable integer sums (plain vector IR) give the same bits as VNNI's
+    ``vpdpbusd``."""
     from maxdecl.kernels import gemv_q8
 
     rng = np.random.default_rng(zlib.crc32(f"q8rows/{enc}".encode()))
@@ -112,6 +122,7 @@ def test_q8_rows_alone_equal_rows_in_a_batch_and_both_integer_paths_agree(enc):
     x = rng.standard_normal((13, k)).astype(np.float32)
     parts = gemv_q8.quantize_x(x, gemv_q8.LAYOUT8[enc].off)
     kernels = [_kernel(enc, False)] + ([_kernel(enc, True)] if gemv_q8.has_vnni() else [])
+    kernels += [_kernel(enc, None, 2), _kernel(enc, None, 4)]
     outs = []
     for run in kernels:
         out = np.empty((13, n), np.float32)
@@ -127,16 +138,18 @@ def test_q8_rows_alone_equal_rows_in_a_batch_and_both_integer_paths_agree(enc):
 @pytest.mark.parametrize("enc", ENCODINGS)
 def test_q8_group_in_interleaved_streams_equals_each_weight_alone(enc):
     """The int8 group kernels walk a large group's rows in interleaved runs as the float
-    ones do; each weight's columns stay those of the weight alone (one run), bit for bit."""
+    ones do, read 4 or 2 at a time in lockstep with up to 4 rows of x (a run's last row
+    may fall past the group's end); each weight's columns stay those of the weight alone
+    (one run), bit for bit."""
     from maxdecl.kernels import gemv, gemv_q8
 
     rng = np.random.default_rng(zlib.crc32(f"q8streams/{enc}".encode()))
     k = 256
-    sizes = (gemv.STREAMS * gemv.STREAM_MIN_ROWS - 3, 5, 2)
+    sizes = (gemv.STREAMS * gemv.STREAM_MIN_ROWS - 3, 5, 3)     # 261: runs of 66, the last short
     assert gemv.stream_stride(sum(sizes), 1) < sum(sizes)
     assert gemv.stream_stride(sizes[0], 1) == sizes[0]
     ws = [raw_blocks(enc, n, k, rng) for n in sizes]
-    for m in (1, 3):
+    for m in (1, 2, 3, 5):             # 4 and 2 runs in lockstep, and one at a time
         parts = gemv_q8.quantize_x(rng.standard_normal((m, k)).astype(np.float32),
                                    gemv_q8.LAYOUT8[enc].off)
         offs = gemv.offsets(sizes)
