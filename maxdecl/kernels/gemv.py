@@ -827,32 +827,88 @@ def for_row_chunks(builder, n_rows, chunks, emit, name):
 def _emit_rows(context, builder, sig, args, lay, lanes, wrows):
     wt, _, xt, ot, _ = sig.args
     wa = context.make_array(wt)(context, builder, args[0])
-    xa = context.make_array(xt)(context, builder, args[2])
     oa = context.make_array(ot)(context, builder, args[3])
     r = context.cast(builder, args[1], sig.args[1], types.intp)
     col = context.cast(builder, args[4], sig.args[4], types.intp)
-    n_rows, k = cgutils.unpack_tuple(builder, xa.shape)
-    x_stride = cgutils.unpack_tuple(builder, xa.strides)[0]
-    o_strides = cgutils.unpack_tuple(builder, oa.strides)
+    o_stride = cgutils.unpack_tuple(builder, oa.strides)[1]
     w_stride = cgutils.unpack_tuple(builder, wa.strides)[0]
     i64 = lambda v: _ir_const(_IR_I64, v)  # noqa: E731
     w8 = builder.bitcast(wa.data, _IR_I8.as_pointer())
     rows_w = [builder.gep(w8, [builder.mul(builder.add(r, i64(i)), w_stride)])
               for i in range(wrows)]
-    x8 = builder.bitcast(xa.data, _IR_I8.as_pointer())
     o8 = builder.bitcast(oa.data, _IR_I8.as_pointer())
-    o_col = builder.gep(o8, [builder.mul(col, o_strides[1])])
+    o_cols = [builder.gep(o8, [builder.mul(builder.add(col, i64(i)), o_stride)])
+              for i in range(wrows)]
+    _emit_row_chunks(context, builder, xt, args[2], oa, rows_w, o_cols, lay, lanes)
+
+
+def runs_intrinsic(enc: str, wrows: int, lanes: int | None = None, table: bool = True):
+    """An intrinsic ``(ws, rs, x, out, cols) -> None``: ``out[m, cols[i]] = ws[i][rs[i]]
+    . x[m]`` for every row m of x and each of the ``wrows`` weight rows i (tuples ``ws``
+    of packed ``enc`` matrices, C order, ``rs`` and ``cols`` of integers), read in
+    lockstep, one step of every row in turn; x and out as in ``row_intrinsic``. Every
+    output comes from the same instructions as with ``row_intrinsic``: the same bits."""
+    lanes = lanes or host_lanes()
+    lay = TABLE_LAYOUT.get(enc, LAYOUT[enc]) if lanes == 16 and table else LAYOUT[enc]
+
+    def typer(typingctx, ws, rs, x, out, cols):
+        def ints(t):
+            return (isinstance(t, types.BaseTuple) and len(t) == wrows
+                    and all(isinstance(v, types.Integer) for v in t))
+
+        ok = (isinstance(ws, types.UniTuple) and ws.count == wrows
+              and _matrix(ws.dtype, types.uint8) and ws.dtype.layout == "C"
+              and _matrix(x, types.float32) and x.layout == "C"
+              and _matrix(out, types.float32) and ints(rs) and ints(cols))
+        if not ok:
+            return None
+
+        def codegen(context, builder, sig, args):
+            ws_t, rs_t, xt, ot, cols_t = sig.args
+            oa = context.make_array(ot)(context, builder, args[3])
+            o_stride = cgutils.unpack_tuple(builder, oa.strides)[1]
+            o8 = builder.bitcast(oa.data, _IR_I8.as_pointer())
+
+            def intp(tup, tup_t):
+                return [context.cast(builder, v, t, types.intp)
+                        for v, t in zip(cgutils.unpack_tuple(builder, tup, wrows), tup_t)]
+
+            rows_w = []
+            for w, r in zip(cgutils.unpack_tuple(builder, args[0], wrows), intp(args[1], rs_t)):
+                wa = context.make_array(ws_t.dtype)(context, builder, w)
+                rows_w.append(builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()), [
+                    builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])]))
+            o_cols = [builder.gep(o8, [builder.mul(c, o_stride)]) for c in intp(args[4], cols_t)]
+            _emit_row_chunks(context, builder, xt, args[2], oa, rows_w, o_cols, lay, lanes)
+            return context.get_dummy_value()
+
+        return types.void(ws, rs, x, out, cols), codegen
+
+    return intrinsic(typer)
+
+
+def _emit_row_chunks(context, builder, xt, x, oa, rows_w, o_cols, lay, lanes):
+    """Each row of x against the weight rows at ``rows_w`` (i8*), a chunk of x's rows at
+    a time; the dot of weight row i stored at ``o_cols[i]`` (i8*, column i's start in
+    out) in the x row's line of out."""
+    xa = context.make_array(xt)(context, builder, x)
+    n_rows, k = cgutils.unpack_tuple(builder, xa.shape)
+    x_stride = cgutils.unpack_tuple(builder, xa.strides)[0]
+    o_row = cgutils.unpack_tuple(builder, oa.strides)[0]
+    i64 = lambda v: _ir_const(_IR_I64, v)  # noqa: E731
+    x8 = builder.bitcast(xa.data, _IR_I8.as_pointer())
     nb = builder.sdiv(k, i64(lay.values))
+    wrows = len(rows_w)
 
     def chunk(m, rows):
         xs = [builder.bitcast(builder.gep(x8, [builder.mul(builder.add(m, i64(j)), x_stride)]),
                               _IR_F32.as_pointer()) for j in range(rows)]
         dots = _emit_dots(builder, rows_w, xs, nb, lay, lanes)
         for j in range(rows):
-            p = builder.gep(o_col, [builder.mul(builder.add(m, i64(j)), o_strides[0])])
-            for i in range(wrows):
-                q = builder.gep(p, [builder.mul(i64(i), o_strides[1])])
-                builder.store(dots[j * wrows + i], builder.bitcast(q, _IR_F32.as_pointer()))
+            at = builder.mul(builder.add(m, i64(j)), o_row)
+            for i, o_col in enumerate(o_cols):
+                builder.store(dots[j * wrows + i],
+                              builder.bitcast(builder.gep(o_col, [at]), _IR_F32.as_pointer()))
 
     for_row_chunks(builder, n_rows, [c for c in ROW_CHUNKS if c * wrows <= ROW_CHUNKS[0]],
                    chunk, "rows")
@@ -1010,21 +1066,56 @@ def _emit_part(context, builder, sig, args, lay, lanes):
 
 
 # -- kernels: x (M, K) f32 C order, w (N, K // be * bb) u8 -> out (M, N) f32 -------------
+# With few rows of x, a group kernel's thread walks its weight rows as STREAMS interleaved
+# runs (prange iteration t takes rows t, t + per, t + 2 per, ...): the hardware
+# prefetcher follows each run, so more of memory's latency overlaps. 2 threads, GB/s of
+# packed weights, one run -> 4, one row of x: 262144 x 640 q8_0 26 -> 29 (float x),
+# q4_0 26.5 -> 29.6 (int8 x); 262144 x 768 q6_k 19.3 -> 21.5 (float x) and 25 -> 30
+# (int8 x); 4096 x 14336 (rows of 8-10 KB) even. The int8 kernels, 262144 x 768 q6_k,
+# 2 and 4 rows of x: 0.83x and 0.93x the time; 8 rows (bound by arithmetic): 1.05x.
+# Gemma's small layer matrices, weights out of the caches as in a decode step, int8 x:
+# runs from 64 rows up (not 256) took q4_k 640 x 1024 from 29 to 22 us a call and
+# 640 x 2048 from 48 to 41; float x even. With one row of x (and with one or two, int8
+# x) a call reads the 4 runs' rows in lockstep (``runs_intrinsic``), so that all 4
+# stream whatever the row length: with a row a call, rows of 8 KB left one run
+# streaming at a time. Float x, W from memory, calls alternating (time before / after):
+# 4096 x 14336 q4_0 1.23x, q8_0 1.25x, q6_k 1.17x, q5_0 1.09x; 262144 x 640|768
+# 0.99-1.06x; q4_k 1.27x and 1.07x (its two adjacent rows a call stay for groups of
+# fewer rows than runs need).
+STREAMS = 4
+STREAM_MIN_ROWS = 64           # fewer weight rows a run: one run
+STREAM_MAX_X_ROWS = 4          # more rows of x: one run
+
 _row_q4_0 = row_intrinsic("q4_0")
+_runs_q4_0 = runs_intrinsic("q4_0", STREAMS)
 _row_q5_0 = row_intrinsic("q5_0")
+_runs_q5_0 = runs_intrinsic("q5_0", STREAMS)
 _row_q8_0 = row_intrinsic("q8_0")
+_runs_q8_0 = runs_intrinsic("q8_0", STREAMS)
 _row_q4_k = row_intrinsic("q4_k")
+_runs_q4_k = runs_intrinsic("q4_k", STREAMS)
 _row_q6_k = row_intrinsic("q6_k")
+_runs_q6_k = runs_intrinsic("q6_k", STREAMS)
 _row_q5_k = row_intrinsic("q5_k")
+_runs_q5_k = runs_intrinsic("q5_k", STREAMS)
 _row_q4_1 = row_intrinsic("q4_1")
+_runs_q4_1 = runs_intrinsic("q4_1", STREAMS)
 _row_q5_1 = row_intrinsic("q5_1")
+_runs_q5_1 = runs_intrinsic("q5_1", STREAMS)
 _row_q3_k = row_intrinsic("q3_k")
+_runs_q3_k = runs_intrinsic("q3_k", STREAMS)
 _row_q2_k = row_intrinsic("q2_k")
+_runs_q2_k = runs_intrinsic("q2_k", STREAMS)
 _row_iq4_nl = row_intrinsic("iq4_nl")
+_runs_iq4_nl = runs_intrinsic("iq4_nl", STREAMS)
 _row_iq4_xs = row_intrinsic("iq4_xs")
+_runs_iq4_xs = runs_intrinsic("iq4_xs", STREAMS)
 _row_tq2_0 = row_intrinsic("tq2_0")
+_runs_tq2_0 = runs_intrinsic("tq2_0", STREAMS)
 _row_tq1_0 = row_intrinsic("tq1_0")
-# q4_k with one row of x takes two weight rows per call: four accumulator chains, one
+_runs_tq1_0 = runs_intrinsic("tq1_0", STREAMS)
+# q4_k with one row of x, in groups too small for interleaved runs (``take_runs``), takes
+# two weight rows per call: four accumulator chains, one
 # load of x for both. Measured, 2 threads, variants interleaved in one process (GB/s of
 # W): 4096 x 14336 22.6 -> 27.8, 262144 x 768 19.9 -> 23.9. The other encodings measured
 # even or slower with W streamed from DRAM (q8_0 at 4096 x 14336: 43.3 -> 36.9), so they
@@ -1075,35 +1166,56 @@ def _gemv_bf16(x, w, out):
 def _group_q4_0(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q4_0(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q4_0(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q4_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q5_0(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q5_0(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q5_0(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q5_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q8_0(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q8_0(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q8_0(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q8_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q4_k(x, ws, offs, out):
-    if x.shape[0] == 1:
+    n = offs[-1]
+    if x.shape[0] == 1 and stream_stride(n, 1) < n:
+        per = stream_stride(n, 1)
+        for t in numba.prange(per):
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q4_k(w, r, x, out, c)
+    elif x.shape[0] == 1:
         for b in numba.prange(_blocks(offs, WROWS_Q4_K)):
             c, g = _block_start(offs, b, WROWS_Q4_K)
             if c + WROWS_Q4_K <= offs[g + 1]:
@@ -1113,7 +1225,6 @@ def _group_q4_k(x, ws, offs, out):
                     g = _segment(offs, c)
                     _row_q4_k(ws[g], c - offs[g], x, out, c)
     else:
-        n = offs[-1]
         per = stream_stride(n, x.shape[0])
         for t in numba.prange(per):
             for c in range(t, n, per):
@@ -1125,100 +1236,150 @@ def _group_q4_k(x, ws, offs, out):
 def _group_q6_k(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q6_k(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q6_k(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q6_k(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q5_k(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q5_k(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q5_k(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q5_k(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q4_1(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q4_1(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q4_1(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q4_1(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q5_1(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q5_1(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q5_1(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q5_1(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q3_k(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q3_k(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q3_k(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q3_k(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_q2_k(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_q2_k(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_q2_k(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_q2_k(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_iq4_nl(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_iq4_nl(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_iq4_nl(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_iq4_nl(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_iq4_xs(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_iq4_xs(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_iq4_xs(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_iq4_xs(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_tq2_0(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_tq2_0(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_tq2_0(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_tq2_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
 def _group_tq1_0(x, ws, offs, out):
     n = offs[-1]
     per = stream_stride(n, x.shape[0])
+    lockstep = per < n and x.shape[0] == 1
     for t in numba.prange(per):
-        for c in range(t, n, per):
-            g = _segment(offs, c)
-            _row_tq1_0(ws[g], c - offs[g], x, out, c)
+        if lockstep:
+            w, r, c = take_runs(ws, offs, t, per, n)
+            _runs_tq1_0(w, r, x, out, c)
+        else:
+            for c in range(t, n, per):
+                g = _segment(offs, c)
+                _row_tq1_0(ws[g], c - offs[g], x, out, c)
 
 
 @numba.njit(cache=CACHE, parallel=True)
@@ -1269,19 +1430,6 @@ def _block_start(offs, b, rows):
     return c, _segment(offs, c)
 
 
-# With few rows of x, a group kernel's thread walks its weight rows as STREAMS interleaved
-# runs (prange iteration t takes rows t, t + per, t + 2 per, ...): the hardware
-# prefetcher follows each run, so more of memory's latency overlaps. 2 threads, GB/s of
-# packed weights, one run -> 4, one row of x: 262144 x 640 q8_0 26 -> 29 (float x),
-# q4_0 26.5 -> 29.6 (int8 x); 262144 x 768 q6_k 19.3 -> 21.5 (float x) and 25 -> 30
-# (int8 x); 4096 x 14336 (rows of 8-10 KB) even. The int8 kernels, 262144 x 768 q6_k,
-# 2 and 4 rows of x: 0.83x and 0.93x the time; 8 rows (bound by arithmetic): 1.05x.
-# Gemma's small layer matrices, weights out of the caches as in a decode step, int8 x:
-# runs from 64 rows up (not 256) took q4_k 640 x 1024 from 29 to 22 us a call and
-# 640 x 2048 from 48 to 41; float x even.
-STREAMS = 4
-STREAM_MIN_ROWS = 64           # fewer weight rows a run: one run
-STREAM_MAX_X_ROWS = 4          # more rows of x: one run
 
 
 @numba.njit(inline="always")
@@ -1299,6 +1447,26 @@ def _segment(offs, c):
     while offs[g + 1] <= c:
         g += 1
     return g
+
+
+@numba.njit(inline="always")
+def run_row(t, j, per, n):
+    """Run j's row at step t of a group walk (``stream_stride``); a run past the group's
+    last row repeats run 0's (the same value written twice to one column, by one thread)."""
+    c = np.int64(t) + j * per
+    return c if c < n else np.int64(t)
+
+
+@numba.njit(inline="always")
+def take_runs(ws, offs, t, per, n):
+    """(weights, rows, columns): the row of each of the STREAMS (4) runs at step t, for
+    a ``runs_intrinsic`` call that reads them in lockstep."""
+    c0, c1 = run_row(t, 0, per, n), run_row(t, 1, per, n)
+    c2, c3 = run_row(t, 2, per, n), run_row(t, 3, per, n)
+    k0, k1 = _segment(offs, c0), _segment(offs, c1)
+    k2, k3 = _segment(offs, c2), _segment(offs, c3)
+    return ((ws[k0], ws[k1], ws[k2], ws[k3]),
+            (c0 - offs[k0], c1 - offs[k1], c2 - offs[k2], c3 - offs[k3]), (c0, c1, c2, c3))
 
 
 GEMV_GROUP = {"q4_0": _group_q4_0, "q5_0": _group_q5_0, "q8_0": _group_q8_0,

@@ -473,14 +473,6 @@ def lockstep_rows(m: int) -> int:
 
 
 @numba.njit(inline="always")
-def _run_row(t, j, per, n):
-    """Run j's row at step t (a run past the last row repeats run 0's: the same value
-    written twice to the same column, by the same thread)."""
-    c = np.int64(t) + j * per
-    return c if c < n else np.int64(t)
-
-
-@numba.njit(inline="always")
 def _take1(ws, offs, c):
     k = g._segment(offs, c)
     return (ws[k],), (c - offs[k],), (c,)
@@ -488,19 +480,9 @@ def _take1(ws, offs, c):
 
 @numba.njit(inline="always")
 def _take2(ws, offs, t, per, n, h):
-    c0, c1 = _run_row(t, h, per, n), _run_row(t, h + 1, per, n)
+    c0, c1 = g.run_row(t, h, per, n), g.run_row(t, h + 1, per, n)
     k0, k1 = g._segment(offs, c0), g._segment(offs, c1)
     return (ws[k0], ws[k1]), (c0 - offs[k0], c1 - offs[k1]), (c0, c1)
-
-
-@numba.njit(inline="always")
-def _take4(ws, offs, t, per, n):
-    c0, c1 = _run_row(t, 0, per, n), _run_row(t, 1, per, n)
-    c2, c3 = _run_row(t, 2, per, n), _run_row(t, 3, per, n)
-    k0, k1 = g._segment(offs, c0), g._segment(offs, c1)
-    k2, k3 = g._segment(offs, c2), g._segment(offs, c3)
-    return ((ws[k0], ws[k1], ws[k2], ws[k3]),
-            (c0 - offs[k0], c1 - offs[k1], c2 - offs[k2], c3 - offs[k3]), (c0, c1, c2, c3))
 
 
 # written out per encoding as ``gemv``'s (a factory closing over the intrinsics would
@@ -517,7 +499,7 @@ def _group8_q8_0(xq, xl, xc, xs, ws, offs, out):
     lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
         if lock == 4:
-            w, r, c = _take4(ws, offs, t, per, n)
+            w, r, c = g.take_runs(ws, offs, t, per, n)
             _r8x4_q8_0(w, r, xq, xl, xc, xs, out, c)
         elif lock == 2:
             for h in range(0, g.STREAMS, 2):
@@ -541,7 +523,7 @@ def _group8_q4_0(xq, xl, xc, xs, ws, offs, out):
     lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
         if lock == 4:
-            w, r, c = _take4(ws, offs, t, per, n)
+            w, r, c = g.take_runs(ws, offs, t, per, n)
             _r8x4_q4_0(w, r, xq, xl, xc, xs, out, c)
         elif lock == 2:
             for h in range(0, g.STREAMS, 2):
@@ -565,7 +547,7 @@ def _group8_q5_0(xq, xl, xc, xs, ws, offs, out):
     lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
         if lock == 4:
-            w, r, c = _take4(ws, offs, t, per, n)
+            w, r, c = g.take_runs(ws, offs, t, per, n)
             _r8x4_q5_0(w, r, xq, xl, xc, xs, out, c)
         elif lock == 2:
             for h in range(0, g.STREAMS, 2):
@@ -589,7 +571,7 @@ def _group8_q4_k(xq, xl, xc, xs, ws, offs, out):
     lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
         if lock == 4:
-            w, r, c = _take4(ws, offs, t, per, n)
+            w, r, c = g.take_runs(ws, offs, t, per, n)
             _r8x4_q4_k(w, r, xq, xl, xc, xs, out, c)
         elif lock == 2:
             for h in range(0, g.STREAMS, 2):
@@ -613,7 +595,7 @@ def _group8_q6_k(xq, xl, xc, xs, ws, offs, out):
     lock = lockstep_rows(xq.shape[0]) if per < n else 1
     for t in numba.prange(per):
         if lock == 4:
-            w, r, c = _take4(ws, offs, t, per, n)
+            w, r, c = g.take_runs(ws, offs, t, per, n)
             _r8x4_q6_k(w, r, xq, xl, xc, xs, out, c)
         elif lock == 2:
             for h in range(0, g.STREAMS, 2):

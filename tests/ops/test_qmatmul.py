@@ -496,13 +496,14 @@ def test_gemv_group_equals_each_weight_alone(enc):
 @pytest.mark.parametrize("enc", GEMV_ENCODINGS)
 def test_gemv_group_in_interleaved_streams_equals_each_weight_alone(enc):
     """A group with enough rows for ``STREAMS`` interleaved runs a thread (its row count
-    not a multiple of them, runs crossing weights) gives each weight's columns as the
-    weight alone in one run, bit for bit, for one row of x and several."""
+    not a multiple of them, so the last run ends early, runs crossing weights; with one
+    row of x the runs read in lockstep) gives each weight's columns as the weight alone
+    in one run, bit for bit, for one row of x and several."""
     from maxdecl.kernels import gemv
 
     rng = np.random.default_rng(zlib.crc32(f"streams/{enc}".encode()))
     k = 256
-    sizes = (gemv.STREAMS * gemv.STREAM_MIN_ROWS - 3, 5, 2)
+    sizes = (gemv.STREAMS * gemv.STREAM_MIN_ROWS - 3, 5, 3)          # 261: runs of 66
     assert all(n < gemv.STREAMS * gemv.STREAM_MIN_ROWS for n in sizes)  # alone: one run
     assert gemv.stream_stride(sum(sizes), 1) < sum(sizes)                # together: runs
     ws = [raw_blocks(enc, n, k, rng) for n in sizes]
