@@ -852,39 +852,55 @@ def runs_intrinsic(enc: str, wrows: int, lanes: int | None = None, table: bool =
     lay = TABLE_LAYOUT.get(enc, LAYOUT[enc]) if lanes == 16 and table else LAYOUT[enc]
 
     def typer(typingctx, ws, rs, x, out, cols):
-        def ints(t):
-            return (isinstance(t, types.BaseTuple) and len(t) == wrows
-                    and all(isinstance(v, types.Integer) for v in t))
-
-        ok = (isinstance(ws, types.UniTuple) and ws.count == wrows
-              and _matrix(ws.dtype, types.uint8) and ws.dtype.layout == "C"
-              and _matrix(x, types.float32) and x.layout == "C"
-              and _matrix(out, types.float32) and ints(rs) and ints(cols))
+        ok = (lockstep_types_ok(ws, rs, cols, wrows) and _matrix(x, types.float32)
+              and x.layout == "C" and _matrix(out, types.float32))
         if not ok:
             return None
 
         def codegen(context, builder, sig, args):
             ws_t, rs_t, xt, ot, cols_t = sig.args
             oa = context.make_array(ot)(context, builder, args[3])
-            o_stride = cgutils.unpack_tuple(builder, oa.strides)[1]
-            o8 = builder.bitcast(oa.data, _IR_I8.as_pointer())
-
-            def intp(tup, tup_t):
-                return [context.cast(builder, v, t, types.intp)
-                        for v, t in zip(cgutils.unpack_tuple(builder, tup, wrows), tup_t)]
-
-            rows_w = []
-            for w, r in zip(cgutils.unpack_tuple(builder, args[0], wrows), intp(args[1], rs_t)):
-                wa = context.make_array(ws_t.dtype)(context, builder, w)
-                rows_w.append(builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()), [
-                    builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])]))
-            o_cols = [builder.gep(o8, [builder.mul(c, o_stride)]) for c in intp(args[4], cols_t)]
+            rows_w, o_cols = lockstep_pointers(context, builder, (ws_t, args[0]),
+                                               (rs_t, args[1]), (cols_t, args[4]), oa)
             _emit_row_chunks(context, builder, xt, args[2], oa, rows_w, o_cols, lay, lanes)
             return context.get_dummy_value()
 
         return types.void(ws, rs, x, out, cols), codegen
 
     return intrinsic(typer)
+
+
+def lockstep_types_ok(ws, rs, cols, wrows) -> bool:
+    """Whether a lockstep intrinsic's ``ws`` is a tuple of ``wrows`` C-order 2-D uint8
+    arrays and ``rs`` and ``cols`` tuples of ``wrows`` integers."""
+    def ints(t):
+        return (isinstance(t, types.BaseTuple) and len(t) == wrows
+                and all(isinstance(v, types.Integer) for v in t))
+
+    return (isinstance(ws, types.UniTuple) and ws.count == wrows
+            and _matrix(ws.dtype, types.uint8) and ws.dtype.layout == "C"
+            and ints(rs) and ints(cols))
+
+
+def lockstep_pointers(context, builder, ws, rs, cols, oa):
+    """(row pointers, column pointers), i8* each: weight row ``rs[i]`` of ``ws[i]`` and
+    column ``cols[i]`` of the output array ``oa``; ``ws``, ``rs``, ``cols`` as (numba
+    type, IR value) pairs of tuples."""
+    (ws_t, ws_v), (rs_t, rs_v), (cols_t, cols_v) = ws, rs, cols
+    n = ws_t.count
+
+    def intp(tup_t, tup):
+        return [context.cast(builder, v, t, types.intp)
+                for v, t in zip(cgutils.unpack_tuple(builder, tup, n), tup_t)]
+
+    rows_w = []
+    for w, r in zip(cgutils.unpack_tuple(builder, ws_v, n), intp(rs_t, rs_v)):
+        wa = context.make_array(ws_t.dtype)(context, builder, w)
+        rows_w.append(builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
+                                  [builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])]))
+    o_stride = cgutils.unpack_tuple(builder, oa.strides)[1]
+    o8 = builder.bitcast(oa.data, _IR_I8.as_pointer())
+    return rows_w, [builder.gep(o8, [builder.mul(c, o_stride)]) for c in intp(cols_t, cols_v)]
 
 
 def _emit_row_chunks(context, builder, xt, x, oa, rows_w, o_cols, lay, lanes):

@@ -52,6 +52,8 @@ from .gemv import (
     _vb,
     _vi,
     for_row_chunks,
+    lockstep_pointers,
+    lockstep_types_ok,
     prefetch_locality,
     q6_k_codes,
 )
@@ -316,15 +318,10 @@ def row8_intrinsic(enc: str, vnni: bool | None = None, wrows: int = 1):
         def mat(a, dt):
             return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt
 
-        def ints(t):
-            return (isinstance(t, types.BaseTuple) and len(t) == wrows
-                    and all(isinstance(v, types.Integer) for v in t))
-
-        ok = (isinstance(ws, types.UniTuple) and ws.count == wrows
-              and mat(ws.dtype, types.uint8) and ints(rs) and ints(cols)
+        ok = (lockstep_types_ok(ws, rs, cols, wrows)
               and mat(xq, types.int8) and mat(xl, types.float32)
               and mat(xc, types.int32) and mat(xs, types.float32) and mat(out, types.float32)
-              and all(a.layout == "C" for a in (ws.dtype, xq, xl, xc, xs)))
+              and all(a.layout == "C" for a in (xq, xl, xc, xs)))
         if not ok:
             return None
 
@@ -343,26 +340,17 @@ def _emit_rows8(context, builder, sig, args, lay, vnni):
     qa, la, ca, sa, oa = [context.make_array(t)(context, builder, a)
                           for t, a in zip(sig.args[2:7], args[2:7])]
     i64 = lambda v: _ir_const(_IR_I64, v)
-
-    def intp(tup, tup_t):
-        return [context.cast(builder, v, t, types.intp)
-                for v, t in zip(cgutils.unpack_tuple(builder, tup, wrows), tup_t)]
-
-    was = [context.make_array(ws_t.dtype)(context, builder, w)
-           for w in cgutils.unpack_tuple(builder, args[0], wrows)]
+    rows, o_cols = lockstep_pointers(context, builder, (ws_t, args[0]), (rs_t, args[1]),
+                                     (cols_t, args[7]), oa)
     o_strides = cgutils.unpack_tuple(builder, oa.strides)
-    o_base = builder.bitcast(oa.data, _IR_I8.as_pointer())
-    rows = [builder.gep(builder.bitcast(wa.data, _IR_I8.as_pointer()),
-                        [builder.mul(r, cgutils.unpack_tuple(builder, wa.strides)[0])])
-            for wa, r in zip(was, intp(args[1], rs_t))]
-    o_cols = [builder.gep(o_base, [builder.mul(c, o_strides[1])])
-              for c in intp(args[7], cols_t)]
     n_rows = cgutils.unpack_tuple(builder, qa.shape)[0]
     bases = [(builder.bitcast(a.data, _IR_I8.as_pointer()),
               cgutils.unpack_tuple(builder, a.strides)[0]) for a in (qa, la, ca, sa)]
     # blocks in a weight row (the x arrays are padded to 64 values, W is not); the rows of
     # one call share K (the group kernels' matrices multiply the same x)
-    nb = builder.sdiv(cgutils.unpack_tuple(builder, was[0].shape)[1], i64(lay.nbytes))
+    w0 = context.make_array(ws_t.dtype)(context, builder,
+                                         cgutils.unpack_tuple(builder, args[0], wrows)[0])
+    nb = builder.sdiv(cgutils.unpack_tuple(builder, w0.shape)[1], i64(lay.nbytes))
 
     def chunk(m, xrows):
         xs = [[builder.gep(base, [builder.mul(builder.add(m, i64(j)), stride)])
