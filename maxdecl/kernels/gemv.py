@@ -903,6 +903,29 @@ def lockstep_pointers(context, builder, ws, rs, cols, oa):
     return rows_w, [builder.gep(o8, [builder.mul(c, o_stride)]) for c in intp(cols_t, cols_v)]
 
 
+# Each call prefetches the output lines OUT_PREFETCH bytes past its columns into L2
+# (read, T1). The group kernels' calls store a float to each of up to 4 far-apart
+# columns and come back to the same lines 16 calls later; a store whose line is not in
+# L2 then waits on L3 or memory (with a 262144-float output, every 16th). W streamed
+# from memory, one row of x, calls alternating, 262144 x 640|768, int8 x (time without /
+# with): q4_0 1.08x, q5_0 1.07x, q8_0 1.09x, q4_k 1.08x, q6_k 1.07x at 512 bytes (256 to
+# 2048 alike, 4096 less); into L1 (T0) or for writing (prefetchw): 1.00-1.03x. With a
+# small output, which stays in cache (4096 x 14336: 16 KB), it costs 1-2% (without /
+# with 1.01-1.025x; skipped there by a branch on the output's size, the branch changed
+# the code around it: q4_0 and q6_k 0.85-0.94x everywhere). Measured on Intel.
+OUT_PREFETCH = 512
+
+
+def prefetch_out(builder, ptrs):
+    """Prefetch into L2 the line ``OUT_PREFETCH`` bytes past each of ``ptrs`` (i8*)."""
+    pf = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [_IR_I8.as_pointer()] + [_IR_I32] * 3),
+        "llvm.prefetch.p0i8")
+    for p in ptrs:
+        builder.call(pf, [builder.gep(p, [_ir_const(_IR_I64, OUT_PREFETCH)]),
+                          _ir_const(_IR_I32, 0), _ir_const(_IR_I32, 2), _ir_const(_IR_I32, 1)])
+
+
 def _emit_row_chunks(context, builder, xt, x, oa, rows_w, o_cols, lay, lanes):
     """Each row of x against the weight rows at ``rows_w`` (i8*), a chunk of x's rows at
     a time; the dot of weight row i stored at ``o_cols[i]`` (i8*, column i's start in
@@ -919,9 +942,11 @@ def _emit_row_chunks(context, builder, xt, x, oa, rows_w, o_cols, lay, lanes):
     def chunk(m, rows):
         xs = [builder.bitcast(builder.gep(x8, [builder.mul(builder.add(m, i64(j)), x_stride)]),
                               _IR_F32.as_pointer()) for j in range(rows)]
+        def ats():
+            return [builder.mul(builder.add(m, i64(j)), o_row) for j in range(rows)]
+        prefetch_out(builder, [builder.gep(o_col, [at]) for at in ats() for o_col in o_cols])
         dots = _emit_dots(builder, rows_w, xs, nb, lay, lanes)
-        for j in range(rows):
-            at = builder.mul(builder.add(m, i64(j)), o_row)
+        for j, at in enumerate(ats()):      # made again, not kept across the dots
             for i, o_col in enumerate(o_cols):
                 builder.store(dots[j * wrows + i],
                               builder.bitcast(builder.gep(o_col, [at]), _IR_F32.as_pointer()))

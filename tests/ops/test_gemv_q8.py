@@ -72,13 +72,13 @@ def test_q8_is_the_exact_dot_with_rounded_x(enc):
     k, n = _k(enc, rng), 41
     data = raw_blocks(enc, n, k, rng)
     x = rng.standard_normal((5, k)).astype(np.float32)
-    xq, xl, xc, xs = gemv_q8.quantize_x(x, gemv_q8.LAYOUT8[enc].off)
+    xq, xl, xc, xs, xd = gemv_q8.quantize_x(x, gemv_q8.LAYOUT8[enc].off)
     d = np.repeat(xl[:, :k // 4:8].astype(np.float64), 32, axis=1)
     xr = d * xq[:, :k]
     assert (np.abs(xr - x) <= d / 2 * (1 + 1e-6)).all()
     assert (xq[:, k:] == 0).all() and (np.abs(xq) <= 127).all()
     out = np.empty((5, n), np.float32)
-    gemv_q8.GROUP8[enc](xq, xl, xc, xs, (data,), gemv.offsets((n,)), out)
+    gemv_q8.GROUP8[enc](xq, xl, xc, xs, xd, (data,), gemv.offsets((n,)), out)
     w = gq.dequantize(data, getattr(GT, enc.upper())).astype(np.float64)
     ref, scale = xr @ w.T, np.abs(xr) @ np.abs(w).T
     assert (np.abs(out - ref) <= TOL * np.maximum(scale, 1e-30)).all()
@@ -94,17 +94,17 @@ def _kernel(enc, vnni, wrows=1):
     row = gemv_q8.row8_intrinsic(enc, vnni, wrows)
 
     @numba.njit
-    def run(xq, xl, xc, xs, w, out):
+    def run(xq, xl, xc, xs, xd, w, out):
         n = w.shape[0]
         for r in range(0, n, wrows):
             if wrows == 1:
-                row((w,), (r,), xq, xl, xc, xs, out, (r,))
+                row((w,), (r,), xq, xl, xc, xs, xd, out, (r,))
             elif wrows == 2:
                 r1 = min(r + 1, n - 1)
-                row((w, w), (r, r1), xq, xl, xc, xs, out, (r, r1))
+                row((w, w), (r, r1), xq, xl, xc, xs, xd, out, (r, r1))
             else:
                 r1, r2, r3 = min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
-                row((w, w, w, w), (r, r1, r2, r3), xq, xl, xc, xs, out, (r, r1, r2, r3))
+                row((w, w, w, w), (r, r1, r2, r3), xq, xl, xc, xs, xd, out, (r, r1, r2, r3))
     return run
 
 
