@@ -47,6 +47,8 @@ from .gemv import (
     _ir_const,
     _ir_f16_pair,
     _ir_load,
+    _ir_pick,
+    _ir_splat,
     _q4_k_prepare,
     _q6_k_prepare,
     _target_has,
@@ -313,44 +315,103 @@ _ROUND = np.float32(1.5 * 2 ** 23)    # (v + _ROUND) - _ROUND: v to the nearest 
                                       # to even (np.rint), for |v| < 2**22
 
 
+def _quantize_block(typingctx, x, i, b, off, xq, xl, xc, xs, xd):
+    """Block b (values 32b .. 32b + 31) of row i of x: its codes, lane scales, lane
+    offsets, code sum times d and d, as ``quantize_x`` defines them, in vector IR."""
+    def mat(a, dt):
+        return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt and a.layout == "C"
+
+    if not (mat(x, types.float32) and mat(xq, types.int8) and mat(xl, types.float32)
+            and mat(xc, types.int32) and mat(xs, types.float32) and mat(xd, types.float32)
+            and all(isinstance(t, types.Integer) for t in (i, b, off))):
+        return None
+    sig = types.void(x, i, b, off, xq, xl, xc, xs, xd)
+
+    def codegen(context, builder, sig, args):
+        arrays = [context.make_array(t)(context, builder, a)
+                  for t, a in zip((sig.args[0],) + sig.args[4:], (args[0],) + args[4:])]
+        row, blk, off = (context.cast(builder, v, t, types.int64)
+                         for v, t in zip(args[1:4], sig.args[1:4]))
+        i64 = lambda v: _ir_const(_IR_I64, v)
+
+        def ptr(a, per_block, size):     # i8* to element per_block * blk of row ``row``
+            base = builder.bitcast(a.data, _IR_I8.as_pointer())
+            stride = cgutils.unpack_tuple(builder, a.strides)[0]
+            return builder.gep(base, [builder.add(builder.mul(row, stride),
+                                                  builder.mul(blk, i64(per_block * size)))])
+
+        xa, qa, la, ca, sa, da = arrays
+        px = ptr(xa, 32, 4)
+        v = [_ir_load(builder, px, 64 * h, _VF16) for h in range(2)]
+        fabs = _intrinsic_fn(builder, "llvm.fabs", _VF16, 1)
+        a = [builder.call(fabs, [t]) for t in v]
+        # any NaN: d is NaN (a max would skip it); the max itself is exact in any order
+        isnan = [builder.fcmp_unordered("uno", t, t) for t in v]
+        nan = builder.icmp_unsigned("!=", builder.bitcast(builder.or_(*isnan), ir.IntType(16)),
+                                    ir.Constant(ir.IntType(16), 0))
+        m = builder.select(builder.fcmp_ordered(">", a[0], a[1]), a[0], a[1])
+        n = 16
+        while n > 1:
+            n //= 2
+            lo, hi = _ir_pick(builder, m, range(n)), _ir_pick(builder, m, range(n, 2 * n))
+            m = builder.select(builder.fcmp_ordered(">", lo, hi), lo, hi)
+        amax = builder.extract_element(m, _ir_const(_IR_I32, 0))
+        f32 = lambda c: _ir_const(_IR_F32, c)
+        d = builder.select(nan, f32(float("nan")), builder.fdiv(amax, f32(127.0)))
+        inv = builder.select(builder.fcmp_ordered(">", amax, f32(0.0)),
+                             builder.fdiv(f32(127.0), amax), f32(0.0))
+        splat = lambda s, k: _ir_splat(builder, s, k)
+        rnd = splat(f32(float(_ROUND)), 16)
+        codes = []
+        for t in v:
+            y = builder.fmul(t, splat(inv, 16))
+            r = builder.fsub(builder.fadd(y, rnd), rnd)        # to nearest, ties to even
+            ok = builder.fcmp_ordered("<=", builder.call(fabs, [y]), splat(f32(127.5), 16))
+            codes.append(builder.select(ok, r, ir.Constant(_VF16, None)))    # NaN, inf: 0
+        both = builder.shuffle_vector(codes[0], codes[1], _vi(32, list(range(32))))
+        ints = builder.fptosi(both, ir.VectorType(_IR_I32, 32))
+        pq = ptr(qa, 32, 1)
+        builder.store(builder.trunc(ints, ir.VectorType(_IR_I8, 32)),
+                      builder.bitcast(pq, ir.VectorType(_IR_I8, 32).as_pointer()), align=1)
+        # the sums of each four codes (small integers: exact in float32 in any order)
+        s2 = builder.fadd(_ir_pick(builder, both, range(0, 32, 2)),
+                          _ir_pick(builder, both, range(1, 32, 2)))
+        s4 = builder.fadd(_ir_pick(builder, s2, range(0, 16, 2)),
+                          _ir_pick(builder, s2, range(1, 16, 2)))
+        sums = builder.fptosi(s4, ir.VectorType(_IR_I32, 8))
+        v8i = ir.VectorType(_IR_I32, 8)
+        offs = builder.mul(sums, _ir_splat(builder, builder.neg(builder.trunc(off, _IR_I32)), 8))
+        builder.store(offs, builder.bitcast(ptr(ca, 8, 4), v8i.as_pointer()), align=4)
+        builder.store(splat(d, 8), builder.bitcast(ptr(la, 8, 4), _VF8.as_pointer()), align=4)
+        t8 = sums
+        n = 8
+        while n > 1:
+            n //= 2
+            t8 = builder.add(_ir_pick(builder, t8, range(n)),
+                             _ir_pick(builder, t8, range(n, 2 * n)))
+        total = builder.extract_element(t8, _ir_const(_IR_I32, 0))
+        f32p = _IR_F32.as_pointer()
+        builder.store(builder.fmul(d, builder.sitofp(total, _IR_F32)),
+                      builder.bitcast(ptr(sa, 1, 4), f32p), align=4)
+        builder.store(d, builder.bitcast(ptr(da, 1, 4), f32p), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_quantize_block = intrinsic(_quantize_block)
+
+
 @numba.njit(cache=CACHE)
 def _quantize_x(x, off, xq, xl, xc, xs, xd):
-    # branch-free inner loops (selects, a tree of maxima, the rounding by adding and taking
-    # away _ROUND) that vectorise: 1 x 2048, 4.5 -> 2.9 us a call. A NaN in a block makes
-    # its d NaN, so the row's outputs are NaN as with float x (a NaN used to be ignored
-    # by the max and coded 0); an inf makes d inf and the codes 0, NaN outputs too.
-    m, k = x.shape
-    codes = np.empty(32, np.float32)
-    peak = np.empty(32, np.float32)
-    for i in range(m):
-        for b in range(k // 32):
-            nan = False
-            for t in range(32):
-                peak[t] = abs(x[i, 32 * b + t])
-                nan |= peak[t] != peak[t]
-            half = 16
-            while half:                 # max |x|: a tree of elementwise maxima (exact)
-                for t in range(half):
-                    peak[t] = max(peak[t], peak[t + half])
-                half //= 2
-            amax = peak[0]
-            d = np.float32(np.nan) if nan else amax / np.float32(127)
-            inv = np.float32(127) / amax if amax > 0 else np.float32(0)
-            for t in range(32):
-                v = x[i, 32 * b + t] * inv
-                r = (v + _ROUND) - _ROUND
-                codes[t] = r if abs(v) <= 127.5 else np.float32(0)     # NaN, inf: 0
-            for t in range(32):
-                xq[i, 32 * b + t] = np.int8(codes[t])
-            total = 0
-            for grp in range(8):
-                s = int(codes[4 * grp] + codes[4 * grp + 1] + codes[4 * grp + 2]
-                        + codes[4 * grp + 3])
-                xc[i, 8 * b + grp] = -off * s
-                xl[i, 8 * b + grp] = d
-                total += s
-            xs[i, b] = d * np.float32(total)
-            xd[i, b] = d
+    # a block at a time in vector IR (``_quantize_block``), the same bits as the numba
+    # loops before it (codes aside in a block with a NaN, whose d is NaN either way): a
+    # row of 640, 2048, 14336 values, 1.15 -> 0.75, 2.62 -> 1.21, 15.3 -> 5.9 us. A NaN
+    # in a block makes its d NaN, so the row's outputs are NaN as with float x; an inf
+    # makes d inf and the codes 0, NaN outputs too.
+    for i in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            _quantize_block(x, i, b, off, xq, xl, xc, xs, xd)
 
 
 def quantize_x(x2: np.ndarray, off: int = 0, out=None):
@@ -360,7 +421,7 @@ def quantize_x(x2: np.ndarray, off: int = 0, out=None):
     float32 (M, K64 / 32): ``d``), K64 = K rounded up to 64, the padding zero. ``d = max|x| / 127`` per 32 values. ``out``:
     arrays made by ``x_buffers`` for this shape to fill instead of new ones."""
     parts = x_buffers(*x2.shape) if out is None else out
-    _quantize_x(x2, off, *parts)
+    _quantize_x(np.ascontiguousarray(x2, np.float32), off, *parts)
     return parts
 
 
