@@ -20,7 +20,8 @@ By default each timed call reads a different copy of W, the copies together twic
 last-level cache (``--warm``: one copy, as before session 23), so every figure is a read
 from memory: with one copy, a 33-178 MB matrix partly stays in a large L3 (480 MB on the
 VMs measured) and the share can pass 100%. The read-bandwidth yardstick likewise sums
-twice the last-level cache.
+twice the last-level cache. A row's calls start untimed (one read of every copy, at least
+30 ms) and are timed for at least 0.25 s (21 calls at least).
 
 On a shared machine, 2-thread wall times swing with the scheduler; for a steadier
 comparison run one thread on CPU time:
@@ -30,7 +31,6 @@ comparison run one thread on CPU time:
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import time
@@ -88,17 +88,18 @@ def _timeit(fn, reps, warm=True):
     return float(np.median(ts)), min(ts), max(ts)
 
 
-def _timeit_modes(fn, modes, var, reps):
+def _timeit_modes(fn, modes, var, reps, warm=1):
     """``_timeit`` of ``fn`` under each value of the context variable ``var`` in
-    ``modes``, the modes' calls taken in turn: [(median, min, max)] in ``modes`` order."""
+    ``modes``, the modes' calls taken in turn, after ``warm`` untimed rounds:
+    [(median, min, max)] in ``modes`` order."""
     ts = {mode: [] for mode in modes}
-    for i in range(reps + 1):                  # the first round warms up
+    for i in range(reps + warm):
         for mode in modes:
             token = var.set(mode)
             try:
                 t = CLOCK()
                 fn()
-                if i:
+                if i >= warm:
                     ts[mode].append(CLOCK() - t)
             finally:
                 var.reset(token)
@@ -281,10 +282,23 @@ def main(argv=None):
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 reps = 5 if args.quick else 21
                 reps = max(reps, len(copies) + 1)
-                # the modes' calls alternate, so that both see the machine's same moments
-                timed, bw_now = _bracketed(functools.partial(
-                    _timeit_modes, lambda: run([x, qts()], {}), modes, ACTIVATION_MODE, reps),
-                    probe)
+                # the modes' calls alternate, so that both see the machine's same moments;
+                # untimed first, one read of every copy and at least 30 ms: the first
+                # calls after the yardstick's sums ran slower (4096 x 14336 q6_k, medians
+                # of 10 calls: 1.45, 1.43, then 1.36-1.39 ms; 31 calls timed from the
+                # first: 1.51 ms, against 1.39 ms for 151)
+                warm = max(-(-len(copies) // len(modes)), 1)
+
+                def calls(x=x, qts=qts, reps=reps, warm=warm):
+                    t0 = CLOCK()
+                    run([x, qts()], {})
+                    one = max(CLOCK() - t0, 1e-4)
+                    # and at least 0.25 s of timed calls a mode, so that a median is not
+                    # of one short phase of a shared machine (the yardstick's 6 sums take
+                    # 0.15 s)
+                    return _timeit_modes(lambda: run([x, qts()], {}), modes, ACTIVATION_MODE,
+                                         max(reps, int(0.25 / one)), warm + int(0.03 / one))
+                timed, bw_now = _bracketed(calls, probe)
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, 3)
                 for mode, (t, lo, hi) in zip(modes, timed):
                     wbw = data.nbytes / t
