@@ -10,9 +10,10 @@ time, peak RSS). Run by hand on an idle machine:
     python bench/generate.py [--runs 3] [--threads 2] [--activations q8] [--gemv]
 
 ``--gemv`` adds the last target's figure from the same run: each encoding's GEMV
-weight bandwidth as a share of the read bandwidth, one row of x, at Gemma's head shape
-and at 4096 x 14336, W streamed from memory (``bench/qmatmul.py --m1`` in a child
-process, in the chosen activations mode).
+weight bandwidth as a share of the read bandwidth of the same memory (a plain sum of the
+same copies of W), and of the sum over 960 MiB at the start, one row of x, at Gemma's
+head shape and at 4096 x 14336, W streamed from memory (``bench/qmatmul.py --m1`` in a
+child process, in the chosen activations mode).
 
 ``--activations q8`` runs maxdecl with int8-rounded x in its decode matmuls (as
 llama.cpp does; ``md.compile(..., activations="q8")``), through ``MAXDECL_ACTIVATIONS``.

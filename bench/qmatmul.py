@@ -5,9 +5,11 @@ q5_k,q4_1,q5_1,q3_k,q2_k,iq4_xs) at (N, K) = (262144, 640) (Gemma 3's tied outpu
 and (4096, 14336), with M = 1 and 8 rows of x, each with float32 x and with int8-rounded
 x (``--activations``, default both; ``md.compile(..., activations="q8")``): median time
 of ``qmatmul`` (through the op's run), effective weight bandwidth (packed bytes of W / time) as a
-share of the machine's read bandwidth (a numba parallel sum over at least 512 MiB of
-float32, read just before and just after the row's GEMV calls, so that both see the
-same moments of a shared machine: column ``bw``), what 8 rows cost against one, and the ratio against
+share of the read bandwidth of the same memory (a numba parallel sum of the very copies
+of W the row's calls read, read just before and just after the calls, so that both see
+the same memory and the same moments of a shared machine: column ``bw``; with
+``--warm``, a sum over 960 MiB of float32 as before session 25), what 8 rows cost
+against one, and the ratio against
 numpy's float32 matmul on weights decoded beforehand (4-7x the bytes), same run.
 
 ``--gemma`` times instead the decode GEMVs (M=1) of Gemma 3 270M Q4_K_M at exactly its
@@ -19,8 +21,11 @@ per-token total.
 By default each timed call reads a different copy of W, the copies together twice the
 last-level cache (``--warm``: one copy, as before session 23), so every figure is a read
 from memory: with one copy, a 33-178 MB matrix partly stays in a large L3 (480 MB on the
-VMs measured) and the share can pass 100%. The read-bandwidth yardstick likewise sums
-twice the last-level cache. A row's calls start untimed (one read of every copy, at least
+VMs measured) and the share can pass 100%. The yardstick reads the same copies: on the
+VMs measured, memory reads at different speeds in different places (a plain sum of one
+40 MB copy of W read 25-30 GB/s, of another allocated minutes later 35-37, and the GEMV
+followed it, 27-30 against 31-35), so a sum of other memory (the 960 MiB of float32
+summed at the start, printed first) measures something else. A row's calls start untimed (one read of every copy, at least
 30 ms) and are timed for at least 0.25 s (21 calls at least).
 
 On a shared machine, 2-thread wall times swing with the scheduler; for a steadier
@@ -151,6 +156,38 @@ def _bandwidth_probe(mib):
     return (lambda: _psum(a)), a.nbytes
 
 
+def _copies_probe(copies):
+    """(sum, bytes): a function that reads every one of ``copies`` (the W copies of a
+    table row, each a C-contiguous uint8 array) with a numba parallel sum of its 64-bit
+    words, in turn, and the bytes it reads: the read bandwidth of the very memory the
+    row's GEMV calls read."""
+    import numba
+
+    from maxdecl.kernels.config import CACHE
+
+    @numba.njit(cache=CACHE, parallel=True)
+    def _psum64(a):
+        # as _bandwidth_probe's sum, over 64-bit integers (random bytes read as float32
+        # would hold NaNs and subnormals, whose adds are slow)
+        chunks = 64
+        size = a.shape[0] // chunks
+        parts = np.zeros(chunks, np.uint64)
+        for c in numba.prange(chunks):
+            blk = a[c * size:(c + 1) * size]
+            s = np.uint64(0)
+            for i in range(blk.shape[0]):
+                s += blk[i]
+            parts[c] = s
+        return parts.sum()
+
+    words = [c.reshape(-1)[:c.size // 8 * 8].view(np.uint64) for c in copies]
+
+    def read():
+        for w in words:
+            _psum64(w)
+    return read, sum(w.nbytes for w in words)
+
+
 def _read_bandwidth(mib, reps=7, probe=None):
     """(median, min, max) bytes/s of ``_bandwidth_probe(mib)`` (or of ``probe``)."""
     fn, nbytes = probe or _bandwidth_probe(mib)
@@ -173,6 +210,14 @@ def _packed(enc, n, k, rng):
     for i, o in enumerate(at):
         raw[..., o:o + 2] = fp16[..., 2 * i:2 * i + 2]
     return raw.reshape(n, nb * e.block_bytes)
+
+
+def _packed_bytes(enc, n, k):
+    """Bytes of an (n, k) matrix of ``enc`` blocks."""
+    from maxdecl import codecs
+
+    e = codecs.get(enc)
+    return n * (k // e.block_elements) * e.block_bytes
 
 
 # Gemma 3 270M Q4_K_M decode GEMVs: (encoding, N, K, calls per token = distinct matrices)
@@ -257,8 +302,9 @@ def main(argv=None):
     probe = _bandwidth_probe(bw_mib)
     bw, bw_lo, bw_hi = _read_bandwidth(bw_mib, probe=probe)
     print(f"read bandwidth (numba prange sum, {bw_mib} MiB f32): {bw / 1e9:.1f} GB/s "
-          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f}); a row's %bw is against the same "
-          "sum read just before and after its calls (column bw)")
+          f"(spread {bw_lo / 1e9:.1f}-{bw_hi / 1e9:.1f}); a row's %bw is against "
+          + ("this sum" if args.warm else "such a sum of the very W copies its calls read")
+          + ", read just before and after them (column bw)")
     print("W: one copy (--warm)" if args.warm else
           f"W: copies read in turn, {stream >> 20} MiB in all (twice the "
           f"{llc >> 20} MiB last-level cache)")
@@ -278,6 +324,7 @@ def main(argv=None):
             copies = [data] + [data.copy() for _ in range(-(-stream // data.nbytes) - 1)]
             qts = _rotating([md.QuantizedTensor(c, (n, k), enc) for c in copies])
             w_f32 = gq.dequantize(data, getattr(GT, enc.upper()))   # baseline operand
+            row_probe = probe if args.warm else _copies_probe(copies)
             for m in (1,) if args.m1 else (1, 8):
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 reps = 5 if args.quick else 21
@@ -298,7 +345,7 @@ def main(argv=None):
                     # 0.15 s)
                     return _timeit_modes(lambda: run([x, qts()], {}), modes, ACTIVATION_MODE,
                                          max(reps, int(0.25 / one)), warm + int(0.03 / one))
-                timed, bw_now = _bracketed(calls, probe)
+                timed, bw_now = _bracketed(calls, row_probe)
                 tb, _, _ = _timeit(lambda: x @ w_f32.T, 3)
                 for mode, (t, lo, hi) in zip(modes, timed):
                     wbw = data.nbytes / t
@@ -312,6 +359,12 @@ def main(argv=None):
         one = {(e, n, k): (t, r) for e, n, k, m, md_, t, r in results if m == 1 and md_ == mode}
         print(f"\n{mode} x: GEMV weight bandwidth / read bandwidth (target >= 85%): "
               + ", ".join(f"{e} {n}x{k} {100 * r:.0f}%" for (e, n, k), (t, r) in one.items()))
+        if not args.warm:
+            sizes = {(e, n, k): _packed_bytes(e, n, k) for (e, n, k) in one}
+            print(f"{mode} x: GEMV weight bandwidth / the first line's read bandwidth "
+                  f"({bw / 1e9:.1f} GB/s, other memory): " + ", ".join(
+                      f"{e} {n}x{k} {100 * sizes[(e, n, k)] / t / bw:.0f}%"
+                      for (e, n, k), (t, r) in one.items()))
         if args.m1:
             continue
         print(f"{mode} x: 8 rows cost (x one row's time): "
