@@ -36,6 +36,7 @@ comparison run one thread on CPU time:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -130,61 +131,50 @@ def _bracketed(fn, probe, calls=3):
     return result, nbytes / float(np.median(before + times()))
 
 
-def _bandwidth_probe(mib):
-    """(sum, bytes): a function that reads ``mib`` MiB of float32 with a numba parallel
-    sum (each thread one sequential stream), and the bytes it reads."""
+@functools.cache
+def _parallel_sum():
+    """A numba parallel sum of a 1-D array (each thread one sequential stream: 64 chunks
+    under prange, each summed over its own slice; indexing the array with the chunk's
+    bounds instead measured ~6 GB/s, not vectorised), compiled on first use."""
     import numba
 
     from maxdecl.kernels.config import CACHE, FASTMATH
 
     @numba.njit(cache=CACHE, parallel=True, fastmath=FASTMATH)
     def _psum(a):
-        # a: (n,) f32 -> sum, 64 chunks under prange, each summed over its own slice
-        # (indexing ``a`` with the chunk's bounds instead measured ~6 GB/s: not vectorised)
         chunks = 64
         size = a.shape[0] // chunks
-        parts = np.zeros(chunks, np.float32)
+        parts = np.zeros(chunks, a.dtype)
         for c in numba.prange(chunks):
             blk = a[c * size:(c + 1) * size]
-            s = np.float32(0)
+            s = parts[c]
             for i in range(blk.shape[0]):
                 s += blk[i]
             parts[c] = s
         return parts.sum()
+    return _psum
 
+
+def _bandwidth_probe(mib):
+    """(sum, bytes): a function that reads ``mib`` MiB of float32 with ``_parallel_sum``,
+    and the bytes it reads."""
+    psum = _parallel_sum()
     a = np.ones((mib << 20) // 4, np.float32)
-    return (lambda: _psum(a)), a.nbytes
+    return (lambda: psum(a)), a.nbytes
 
 
 def _copies_probe(copies):
     """(sum, bytes): a function that reads every one of ``copies`` (the W copies of a
-    table row, each a C-contiguous uint8 array) with a numba parallel sum of its 64-bit
-    words, in turn, and the bytes it reads: the read bandwidth of the very memory the
+    table row, each a C-contiguous uint8 array) with ``_parallel_sum`` of its 64-bit
+    words (random bytes read as float32 would hold NaNs and subnormals, whose adds are
+    slow), in turn, and the bytes it reads: the read bandwidth of the very memory the
     row's GEMV calls read."""
-    import numba
-
-    from maxdecl.kernels.config import CACHE
-
-    @numba.njit(cache=CACHE, parallel=True)
-    def _psum64(a):
-        # as _bandwidth_probe's sum, over 64-bit integers (random bytes read as float32
-        # would hold NaNs and subnormals, whose adds are slow)
-        chunks = 64
-        size = a.shape[0] // chunks
-        parts = np.zeros(chunks, np.uint64)
-        for c in numba.prange(chunks):
-            blk = a[c * size:(c + 1) * size]
-            s = np.uint64(0)
-            for i in range(blk.shape[0]):
-                s += blk[i]
-            parts[c] = s
-        return parts.sum()
-
+    psum = _parallel_sum()
     words = [c.reshape(-1)[:c.size // 8 * 8].view(np.uint64) for c in copies]
 
     def read():
         for w in words:
-            _psum64(w)
+            psum(w)
     return read, sum(w.nbytes for w in words)
 
 
