@@ -106,11 +106,12 @@ FAR_PREFETCH = 1024
 # The super-block encodings: ``unit(builder, bp, None, u, nblk)`` -> (codes, None), the
 # scales from the super-block's, read once a step: ``prepare(builder, bp)`` -> (a float
 # vector of one row's weight scales, the q4_k mins <8 x float> negated or None), unit u's
-# lane scales being lanes ``lanes(u)`` of it; with one row of x, ``rows_prepare(builder,
-# bps)`` instead reads those of all the rows read in lockstep at once -> ([scale vectors
-# <16 x float>], [mins] or None), and each times x's block scales (``xd``, arranged by
-# ``xd_lanes``) makes the products ``a * d`` once a super-block, unit u's lane scales
-# being lanes ``scale_lanes(u)`` of that.
+# lane scales being lanes ``lanes(u)`` of it. With one row of x and ``xd_lanes`` set, each
+# row's scale vector times x's block scales (``xd``, arranged by ``xd_lanes``) makes the
+# products ``a * d`` once a super-block, unit u's lane scales being lanes
+# ``scale_lanes(u)`` of that; the scale vectors then come from ``rows_prepare(builder,
+# bps)`` where set, which reads those of all the rows read in lockstep at once ->
+# ([<16 x float>], [mins] or None), else from ``prepare`` a row at a time.
 class _Layout8:
     def __init__(self, values, nbytes, off, unit, prepare=None, lanes=None, mins=False,
                  prefetch=FAR_PREFETCH, rows_prepare=None, xd_lanes=None, scale_lanes=None):
@@ -273,10 +274,6 @@ def _q6_k_row_prepare(builder, bp):
     return _q6_k_prepare(builder, bp, 16), None
 
 
-def _q6_k_rows_prepare(builder, bps):
-    return [_q6_k_prepare(builder, bp, 16) for bp in bps], None
-
-
 def _q6_k_lanes(u):
     return [4 * u + lane // 4 for lane in range(16)]
 
@@ -290,8 +287,7 @@ LAYOUT8 = {
                      rows_prepare=_q4_k_rows_prepare, xd_lanes=[0, 1, 2, 3] * 2 + [4, 5, 6, 7] * 2,
                      scale_lanes=lambda u: [_q4_k_lane(2 * u)] * 8 + [_q4_k_lane(2 * u + 1)] * 8),
     "q6_k": _Layout8(256, 210, 32, _q6_k_unit8, _q6_k_row_prepare, _q6_k_lanes,
-                     rows_prepare=_q6_k_rows_prepare, xd_lanes=[i // 2 for i in range(16)],
-                     scale_lanes=_q6_k_lanes),
+                     xd_lanes=[i // 2 for i in range(16)], scale_lanes=_q6_k_lanes),
 }
 ENCODINGS = tuple(LAYOUT8)
 
@@ -315,12 +311,16 @@ _ROUND = np.float32(1.5 * 2 ** 23)    # (v + _ROUND) - _ROUND: v to the nearest 
                                       # to even (np.rint), for |v| < 2**22
 
 
+def _c_matrix(a, dtype) -> bool:
+    """Whether the numba type ``a`` is a 2-D C-contiguous array of ``dtype``."""
+    return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dtype and a.layout == "C"
+
+
+@intrinsic
 def _quantize_block(typingctx, x, i, b, off, xq, xl, xc, xs, xd):
     """Block b (values 32b .. 32b + 31) of row i of x: its codes, lane scales, lane
     offsets, code sum times d and d, as ``quantize_x`` defines them, in vector IR."""
-    def mat(a, dt):
-        return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt and a.layout == "C"
-
+    mat = _c_matrix
     if not (mat(x, types.float32) and mat(xq, types.int8) and mat(xl, types.float32)
             and mat(xc, types.int32) and mat(xs, types.float32) and mat(xd, types.float32)
             and all(isinstance(t, types.Integer) for t in (i, b, off))):
@@ -399,9 +399,6 @@ def _quantize_block(typingctx, x, i, b, off, xq, xl, xc, xs, xd):
     return sig, codegen
 
 
-_quantize_block = intrinsic(_quantize_block)
-
-
 @numba.njit(cache=CACHE)
 def _quantize_x(x, off, xq, xl, xc, xs, xd):
     # a block at a time in vector IR (``_quantize_block``), the same bits as the numba
@@ -418,8 +415,10 @@ def quantize_x(x2: np.ndarray, off: int = 0, out=None):
     """x (M, K) float32, K a multiple of 32 -> (codes int8 (M, K64), lane scales float32
     (M, K64 / 4), lane offsets int32 (M, K64 / 4): ``-off`` times each four codes' sum,
     block sums float32 (M, K64 / 32): ``d`` times each block's code sum, block scales
-    float32 (M, K64 / 32): ``d``), K64 = K rounded up to 64, the padding zero. ``d = max|x| / 127`` per 32 values. ``out``:
-    arrays made by ``x_buffers`` for this shape to fill instead of new ones."""
+    float32 (M, K64 / 32): ``d``, the lane scales' every eighth, kept apart so that a
+    super-block's 8 are one load), K64 = K rounded up to 64, the padding zero.
+    ``d = max|x| / 127`` per 32 values. ``out``: arrays made by ``x_buffers`` for this
+    shape to fill instead of new ones."""
     parts = x_buffers(*x2.shape) if out is None else out
     _quantize_x(np.ascontiguousarray(x2, np.float32), off, *parts)
     return parts
@@ -433,8 +432,8 @@ def x_buffers(m: int, k: int) -> tuple:
     xl = empty_aligned((m, k64 // 4), np.float32)
     xc = empty_aligned((m, k64 // 4), np.int32)
     xq[:, k:], xl[:, k // 4:], xc[:, k // 4:] = 0, 0, 0
-    return xq, xl, xc, np.zeros((m, k64 // 32), np.float32), np.zeros((m, k64 // 32),
-                                                                       np.float32)
+    xs, xd = (np.zeros((m, k64 // 32), np.float32) for _ in range(2))
+    return xq, xl, xc, xs, xd
 
 
 def _scratch(m: int, k: int) -> tuple:
@@ -465,13 +464,12 @@ def row8_intrinsic(enc: str, vnni: bool | None = None, wrows: int = 1):
     vnni = has_vnni() if vnni is None else vnni
 
     def typer(typingctx, ws, rs, xq, xl, xc, xs, xd, out, cols):
-        def mat(a, dt):
-            return isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt
-
+        mat = _c_matrix
         ok = (lockstep_types_ok(ws, rs, cols, wrows)
               and mat(xq, types.int8) and mat(xl, types.float32)
               and mat(xc, types.int32) and mat(xs, types.float32) and mat(xd, types.float32)
-              and mat(out, types.float32) and all(a.layout == "C" for a in (xq, xl, xc, xs, xd)))
+              and isinstance(out, types.Array) and out.ndim == 2
+              and out.dtype == types.float32)
         if not ok:
             return None
 
@@ -569,14 +567,15 @@ def _emit_dots8(builder, rows, xs, nb, lay, vnni):
         # q4_k 1.03x at 262144 x 768 and 1.07-1.09x at 4096 x 14336, q6_k 1.03x and even.
         # Two to eight rows of x: the same code as before (products for them too, W in
         # cache: 0.86-1.10x).
-        once = lay.rows_prepare is not None and len(xs) == 1
-        if once:
+        once = lay.xd_lanes is not None and len(xs) == 1
+        if once and lay.rows_prepare:
             wscales, ndms = lay.rows_prepare(builder, bps)
+        elif lay.prepare:
+            wscales, ndms = zip(*[lay.prepare(builder, bp) for bp in bps])
+        if once:
             xd = builder.shuffle_vector(vec(xs[0][4], blk, _VF8), ir.Constant(_VF8, ir.Undefined),
                                         _vi(16, lay.xd_lanes))
             wscales = [builder.fmul(w, xd) for w in wscales]
-        elif lay.prepare:
-            wscales, ndms = zip(*[lay.prepare(builder, bp) for bp in bps])
         for u in range(lay.units):
             at = builder.add(v0, i64(64 * u))   # byte offset of x's codes and of its lanes
             xv = [(vec(c, at, _VI16) if lay.off else zero, vec(q, at, _V64),

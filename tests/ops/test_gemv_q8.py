@@ -77,6 +77,7 @@ def test_q8_is_the_exact_dot_with_rounded_x(enc):
     xr = d * xq[:, :k]
     assert (np.abs(xr - x) <= d / 2 * (1 + 1e-6)).all()
     assert (xq[:, k:] == 0).all() and (np.abs(xq) <= 127).all()
+    assert xd[:, :k // 32].tobytes() == xl[:, :k // 4:8].tobytes()    # d, once a block
     out = np.empty((5, n), np.float32)
     gemv_q8.GROUP8[enc](xq, xl, xc, xs, xd, (data,), gemv.offsets((n,)), out)
     w = gq.dequantize(data, getattr(GT, enc.upper())).astype(np.float64)
