@@ -25,8 +25,15 @@ VMs measured) and the share can pass 100%. The yardstick reads the same copies: 
 VMs measured, memory reads at different speeds in different places (a plain sum of one
 40 MB copy of W read 25-30 GB/s, of another allocated minutes later 35-37, and the GEMV
 followed it, 27-30 against 31-35), so a sum of other memory (the 960 MiB of float32
-summed at the start, printed first) measures something else. A row's calls start untimed (one read of every copy, at least
-30 ms) and are timed for at least 0.25 s (21 calls at least).
+summed at the start, printed first) measures something else. A row's calls start untimed
+(one read of every copy, at least 30 ms) and are timed for at least 0.25 s (21 calls at
+least).
+
+The plain sum is the strongest read of memory measured here. Walks with software
+prefetch, as the GEMV reads (1 or 4 runs a chunk, 1-32 KB ahead), read 36.3-37.2 GB/s
+against the plain sum's 37.2-37.4, each of 12 arrays of 200 MiB read in turn. Read one
+after another from the same array, they had seemed faster (43-48 GB/s), but that was
+the second read finding the array in the 480 MB L3.
 
 On a shared machine, 2-thread wall times swing with the scheduler; for a steadier
 comparison run one thread on CPU time:
