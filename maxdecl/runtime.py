@@ -10,12 +10,15 @@ runtime function of every step (imported from ``maxdecl.kernels`` here, the firs
 time numba loads), and the weights bound to the graph's ``weight`` nodes, checked
 once. Every failure is a ``GraphError`` naming the node's spec position, layer
 path, op and the runtime types of its inputs (a fused step: its first node, and
-the others).
+the others). Steps whose runners take their output arrays from the plan
+(``kernels.step_outputs``) reuse them from run to run where no output can outlive the
+run, so that a decode step allocates no activations.
 """
 
 from __future__ import annotations
 
 import builtins
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -124,8 +127,11 @@ class CompiledGraph:
         env = arrays + self._bound
         loads = self._pages.loads()
         mode = self._mode.set(self.activations)
+        held = run.outputs                    # this thread's output arrays of the plan
+        outs = getattr(held, "steps", None) or run.new_outputs()
+        held.steps = None                     # a nested run of the plan takes its own
         try:
-            return run(env, rows, *extra)
+            return run(env, rows, outs, *extra)
         except Exception as e:  # noqa: BLE001 - one error type out of a run
             s, args = _failed_step(e, run)
             if s is None:
@@ -142,6 +148,7 @@ class CompiledGraph:
             raise GraphError(f"{node.where()}: {type(e).__name__}: {e} "
                              f"(inputs: {ins}){also}") from e
         finally:
+            held.steps = outs
             self._mode.reset(mode)
             if self._pages.loads() != loads:   # kernels were compiled or loaded: the
                 self._pages.release()          # compiler's pages go back (compiler_pages)
@@ -443,11 +450,17 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
     ``preloaded``. ``run.steps`` maps a line number to its step index (for
     ``_failed_step``).
 
-    ``fixed`` (a set of input names): ``run(env, rows, memo)`` instead, whose steps that
+    ``run(env, rows, outs)``: ``outs`` is ``run.new_outputs()`` (kept by the caller
+    between runs, one per thread): per step its ``StepOutputs``, or None where the
+    runner does not take its outputs from one (``step_outputs.writes_into``) or where
+    every output may outlive the run (``_kept_values``).
+
+    ``fixed`` (a set of input names): ``run(env, rows, outs, memo)`` instead, whose steps that
     depend on no other input run first, and only while ``memo.values`` is None; they
     leave there the values the other steps and the outputs read, and later runs take
     them from there."""
     from . import kernels  # noqa: F401  (numba's NumPy support, loaded the fast way)
+    from .kernels.step_outputs import outputs_of
 
     slot: dict[int, int] = {}
 
@@ -473,10 +486,19 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
         read = {v(x) for s in order if not flags[s] for x in steps[s].inputs} | keep
         memo = sorted(made & read, key=lambda n: int(n[1:]))
         keep |= set(memo)
-    lines = ["def run(env, rows):" if flags is None else "def run(env, rows, memo):"]
+    lines = ["def run(env, rows, _out):" if flags is None
+             else "def run(env, rows, _out, memo):"]
+    runs = [None if st.kind == "reshape" else fusion.runner(st.kind) if st.kind != "node"
+            else _registry.get(nodes[st.nodes[0]].op).runner() for st in steps]
+    kept = _kept_values(steps, order, v, keep, runs)
+    reuse = [None] * len(steps)          # per step: the outputs whose arrays may be kept
+    for s, (step, fn) in enumerate(zip(steps, runs)):
+        free = [j for j, x in enumerate(step.outputs) if v(x) not in kept]
+        if free and getattr(fn, "writes_into", False):
+            reuse[s] = free
     lines += [f"    {name} = env[{k}]" for k, name in enumerate(loaded)]
     line_step = {}
-    runs, attrs, defs = [None] * len(steps), [None] * len(steps), [None] * len(steps)
+    attrs, defs = [None] * len(steps), [None] * len(steps)
     pad = "    "
     for at, s in enumerate(order):
         if flags is not None and at == 0 and flags[s]:
@@ -490,16 +512,15 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
         outs = ", ".join(v(x) for x in step.outputs)
         ins = ", ".join(v(x) for x in step.inputs)
         opdef = _registry.get(nodes[step.nodes[0]].op)
+        into = f", out=_out[{s}]" if reuse[s] is not None else ""
         if step.kind == "node":
-            runs[s] = opdef.runner()
-            call = (f"_per_sequence(_run[{s}], [{ins}], _attrs[{s}], _defs[{s}], rows)"
-                    if opdef.sequence_axis is not None else f"_run[{s}]([{ins}], _attrs[{s}])")
+            call = (f"_run[{s}]([{ins}], _attrs[{s}]{into})" if opdef.sequence_axis is None
+                    else f"_per_sequence(_run[{s}], [{ins}], _attrs[{s}], _defs[{s}], rows{into})")
             line = f"{pad}{outs}, = {call}" if step.outputs else f"{pad}{call}"
         elif step.kind == "reshape":
             line = f"{pad}{outs} = {ins}.reshape({step.attrs['shape']!r})"
         else:
-            runs[s] = fusion.runner(step.kind)
-            line = f"{pad}{outs}, = _run[{s}]([{ins}], _attrs[{s}])"
+            line = f"{pad}{outs}, = _run[{s}]([{ins}], _attrs[{s}]{into})"
         attrs[s] = step.attrs if step.kind != "node" else _run_attrs(nodes[step.nodes[0]])
         defs[s] = opdef
         lines.append(line)
@@ -515,7 +536,24 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
     run = scope["run"]
     run.steps = line_step
     run.names = [tuple(v(x) for x in step.inputs) for step in steps]
+    counts = [len(step.outputs) for step in steps]
+    run.new_outputs = lambda: outputs_of(reuse, counts)
+    run.outputs = threading.local()
     return run
+
+
+def _kept_values(steps, order, name, keep, runs) -> set:
+    """The names of the values whose arrays may outlive a run: ``keep`` (the graph's
+    outputs, a fixed run's remembered values) and, step by step backwards, the inputs
+    of any step that makes one of them and may return a view of its inputs (a reshape,
+    a runner not marked ``writes_into``)."""
+    kept = set(keep)
+    for s in reversed(order):
+        step = steps[s]
+        if (any(name(x) in kept for x in step.outputs)
+                and not getattr(runs[s], "writes_into", False)):
+            kept.update(name(x) for x in step.inputs)
+    return kept
 
 
 def _fixed_steps(graph, preloaded, steps, fixed) -> list:
@@ -549,14 +587,14 @@ def _run_attrs(node) -> dict:
     return node.attrs
 
 
-def _per_sequence(fn, args, attrs, opdef, rows):
+def _per_sequence(fn, args, attrs, opdef, rows, out=None):
     """Run a sequence-mixing op once per sequence of a batch: row inputs cut along
     ``opdef.sequence_axis`` by ``rows``, ``PerSequence`` inputs taken per sequence; row
     outputs joined again, state outputs returned as ``PerSequence``."""
     if rows is None:
         if any(isinstance(a, PerSequence) for a in args):
             raise ValueError("a PerSequence state needs rows= (one row count per sequence)")
-        return fn(args, attrs)
+        return fn(args, attrs) if out is None else fn(args, attrs, out=out)
     axis = opdef.sequence_axis
     names = (list(opdef.inputs) + list(opdef.optional))[:len(args)]
     state_out = {opdef.state[n] for n in names if n in opdef.state}
@@ -570,7 +608,9 @@ def _per_sequence(fn, args, attrs, opdef, rows):
                              f"{sum(rows)} ({rows})")
     batched = opdef.batch_runner()
     if batched is not None:
-        outs = batched(args, rows, attrs)
+        outs = (batched(args, rows, attrs, out=out)
+                if out is not None and getattr(batched, "writes_into", False)
+                else batched(args, rows, attrs))
         if outs is not None:
             return [PerSequence(o) if j in state_out else o for j, o in enumerate(outs)]
     eaches, start = [], 0

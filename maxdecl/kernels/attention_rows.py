@@ -25,6 +25,7 @@ from ._dispatch import njit_twins, pick
 from .aligned import address
 from .attention import _key_range, _softmax_inplace, head_values
 from .config import CACHE, FASTMATH
+from .step_outputs import empty
 from .vmath import dot16, prefetch
 
 
@@ -279,14 +280,15 @@ def table_rows(q: np.ndarray, sizes: list, seqs: np.ndarray, hkv: int, dv: int,
 
 
 def cached_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, dst: np.ndarray, scale: float,
-                causal: bool, window, slopes, softcap, sinks=None) -> np.ndarray:
+                causal: bool, window, slopes, softcap, sinks=None, step=None) -> np.ndarray:
     """A decode step's attention on caches with room: each sequence's rows of ``k``,
     ``v`` ``(R, Hkv, D)`` float32 (one after another, as ``q`` ``(R, Hq, D)``) appended
     to its buffers per ``dst`` (``kv_cache.reserve_rows``), then ``table_rows`` over
-    the grown caches, in one kernel call with the same numbers."""
+    the grown caches, in one kernel call with the same numbers (the result in an array
+    of ``step``'s, a ``StepOutputs``, where given)."""
     hq, d = q.shape[1:]
     hkv = k.shape[1]
-    out = np.empty((q.shape[0], hq, v.shape[2]), np.float32)
+    out = empty(step, 0, (q.shape[0], hq, v.shape[2]))
     if out.size:
         sizes = dst[:, 3]
         work = hq * d * int(sizes @ (dst[:, 2] + sizes))

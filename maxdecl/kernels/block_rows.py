@@ -27,6 +27,7 @@ import numpy as np
 from ..blocks import GGML_BLOCKS
 from .codec_common import bits_f32
 from .config import CACHE
+from .step_outputs import empty
 
 # Typed constants keep the lane arithmetic in int32 (numba widens int literals to
 # int64, and LLVM then unpacks bytes through 64-bit lanes).
@@ -502,10 +503,12 @@ def _gather_rows(kind, w, ids, out):
         _decode_row(kind, w, ids[i], out[i])
 
 
-def gather_rows(w: np.ndarray, encoding: str, k: int, ids: np.ndarray) -> np.ndarray:
+def gather_rows(w: np.ndarray, encoding: str, k: int, ids: np.ndarray,
+                step=None) -> np.ndarray:
     """Rows ``ids`` (int64, each in range: checked by the caller) of the packed ``w``
-    (N, K // be * bb) decoded exactly to float32 (len(ids), k), serially."""
-    out = np.empty((ids.shape[0], k), np.float32)
+    (N, K // be * bb) decoded exactly to float32 (len(ids), k), serially (into an array
+    of ``step``'s, a ``StepOutputs``, where given)."""
+    out = empty(step, 0, (ids.shape[0], k))
     _gather_rows(KINDS[encoding], w, ids, out)
     return out
 

@@ -16,6 +16,7 @@ import numpy as np
 from ._dispatch import njit_twins, pick
 from .activations import gelu, gelu_one, gelu_tanh, gelu_tanh_one, silu, silu_one
 from .norm import _ones, _rms_norm_run, rms_row
+from .step_outputs import empty, writes_into
 
 
 @njit_twins()
@@ -131,7 +132,8 @@ def _gains(attrs, w1, w2, d):
     return gains
 
 
-def norm_chain(args, attrs):
+@writes_into
+def norm_chain(args, attrs, out=None):
     """A fused ``[rms_norm ->] add [-> rms_norm]`` step (``maxdecl.fusion``): args
     ``[x, r, (w1), (w2)]`` -> ``[sum (, its norm)]``, the values the nodes give."""
     pre, post = attrs["pre"], attrs["post"]
@@ -145,8 +147,8 @@ def norm_chain(args, attrs):
     rows = _rows_of(x, r)
     gains = None if rows is None else _gains(attrs, w1, w2, x.shape[-1])
     if gains is not None:
-        total = np.empty_like(x)
-        normed = np.empty_like(x) if post else total
+        total = empty(out, 0, x.shape, x.dtype)
+        normed = empty(out, 1, x.shape, x.dtype) if post else total
         g1, g2, eps1, eps2 = gains
         xr, rr = rows
         pick(_norm_add_norm, x.size)(xr, g1, eps1, pre, rr, g2, eps2, post,
@@ -165,17 +167,18 @@ def norm_chain(args, attrs):
 _UNFUSED = {"silu": silu, "gelu": gelu, "gelu_tanh": gelu_tanh}
 
 
-def act_mul(args, attrs):
+@writes_into
+def act_mul(args, attrs, out=None):
     """A fused ``act(a) * b`` step (``maxdecl.fusion``): args ``[a, b]`` -> ``[product]``,
     the value the two nodes give (``attrs["first"]``: the activation was the mul's first
     operand)."""
     a, b = args
     rows = _rows_of(a, b) if a.ndim != 2 else _strided_rows(a, b)
     if rows is not None:
-        out = np.empty(a.shape, np.float32)
+        y = empty(out, 0, a.shape)
         (fa, sa), (fb, sb) = rows_flat(rows[0]), rows_flat(rows[1])
         pick(_act_mul, a.size * ACT_COST)(fa, sa, fb, sb, ACTIVATIONS[attrs["act"]],
-                                          out.reshape(rows[0].shape))
-        return [out]
+                                          y.reshape(rows[0].shape))
+        return [y]
     y = _UNFUSED[attrs["act"]](a)
     return [np.asarray(np.multiply(y, b) if attrs["first"] else np.multiply(b, y))]

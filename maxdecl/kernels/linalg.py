@@ -12,6 +12,7 @@ from . import fused as kf
 from . import gemv, gemv_q8
 from . import qmatmul as kq
 from .config import GEMV_MAX_ROWS
+from .step_outputs import ALL, empty, writes_into
 
 _KERNELS_FOR: dict = {}   # encoding object -> whether the packed-block kernels apply
 _ROWS_FOR: dict = {}      # encoding object -> whether an exact row decoder applies
@@ -33,8 +34,9 @@ def _row_decoder(enc) -> bool:
     return ok
 
 
-def qmatmul(x, qt):
-    """``x @ dequantize(qt).T`` for a QuantizedTensor ``qt`` ``[N, K]``."""
+def qmatmul(x, qt, step=None):
+    """``x @ dequantize(qt).T`` for a QuantizedTensor ``qt`` ``[N, K]`` (a decode GEMV's
+    result in an array of ``step``'s, a ``StepOutputs``, where given)."""
     n, k = qt.shape
     enc = codecs.get(qt.encoding)
     data = qt.data
@@ -43,7 +45,7 @@ def qmatmul(x, qt):
             and data.shape[0] == n and data.dtype == np.uint8 and data.flags.c_contiguous
             and _block_kernels(enc)):
         # decode, batched decode: straight to the GEMV (the weight was checked when bound)
-        out = np.empty((x.shape[0], n), np.float32)
+        out = empty(step, 0, (x.shape[0], n))
         kq.gemv(x, data.view(np.uint16) if qt.encoding == "bf16" else data, qt.encoding, out)
         return out
     if x.shape[-1] != k:
@@ -78,18 +80,25 @@ def rows_matmul(x, wt):
     return out.reshape(*lead, wt.shape[1])
 
 
-def _linear(args, attrs):
+@writes_into
+def _linear(args, attrs, out=None):
     x, w, *bias = args
     if isinstance(w, QuantizedTensor):
-        y = qmatmul(x, w)
+        y = qmatmul(x, w, out)
     else:
         y = rows_matmul(x, w.T)          # a view: BLAS reads w transposed, no copy a call
     if bias:
-        y = y + bias[0]
+        b = bias[0]
+        if (isinstance(y, np.ndarray) and np.result_type(y, b) == y.dtype
+                and np.broadcast_shapes(y.shape, np.shape(b)) == y.shape):
+            np.add(y, b, out=y)          # the product is this call's own array
+        else:
+            y = y + b
     return [np.asarray(y)]
 
 
-def linear_group(args, attrs):
+@writes_into
+def linear_group(args, attrs, out=None):
     """``linear`` of one x by ``attrs["n"]`` weights of one kind and K (a fused group,
     ``maxdecl.fusion``): ``[x, w_1..w_n, (b_1..b_n)] -> [x @ w_i.T (+ b_i) for each i]``,
     each output bit-identical to ``_linear([x, w_i(, b_i)])``. Quantized weights with
@@ -102,9 +111,9 @@ def linear_group(args, attrs):
         prepared = _gemv_group(ws, attrs)
         if prepared is not None and x.shape[1] == w0.shape[1]:
             packed, offs, cols, enc = prepared
-            out = np.empty((x.shape[0], int(offs[-1])), np.float32)
-            gemv_q8.run_group(enc, x, packed, offs, out)
-            ys = [out[:, a:b] for a, b in cols]
+            y = empty(out, ALL, (x.shape[0], int(offs[-1])))
+            gemv_q8.run_group(enc, x, packed, offs, y)
+            ys = [y[:, a:b] for a, b in cols]
             for y, b in zip(ys, bs):
                 np.add(y, b, out=y)
             return ys

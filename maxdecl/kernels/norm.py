@@ -7,6 +7,7 @@ import numpy as np
 
 from ._dispatch import PARALLEL_MIN_WORK, njit_twins, pick
 from .config import CACHE, FASTMATH
+from .step_outputs import empty, writes_into
 from .vmath import dot16
 
 
@@ -92,17 +93,18 @@ def _layer_norm_run(args, attrs):
     return [layer_norm(x, args[1], beta, attrs["epsilon"]).astype(x.dtype, copy=False)]
 
 
-def _rms_norm_run(args, attrs):
+@writes_into
+def _rms_norm_run(args, attrs, out=None):
     x, w = args if len(args) > 1 else (args[0], None)
     d = x.shape[-1] if x.ndim else 0
     if w is None:                              # no weight: a gain of ones
         w = _ones(d)
     if (x.dtype == np.float32 and w.dtype == np.float32 and w.shape == (d,) and 0 < x.size
             < PARALLEL_MIN_WORK and x.flags.c_contiguous and w.flags.c_contiguous):
-        out = np.empty_like(x)                 # decode: one row, straight to the kernel
+        y = empty(out, 0, x.shape, x.dtype)    # decode: one row, straight to the kernel
         _rms_norm[1](x.reshape(-1, d), w.reshape(1, d), np.float32(attrs["epsilon"]),
-                     out.reshape(-1, d))
-        return [out]
+                     y.reshape(-1, d))
+        return [y]
     return [rms_norm(x, w, attrs["epsilon"]).astype(x.dtype, copy=False)]
 
 

@@ -8,6 +8,7 @@ import numba
 import numpy as np
 
 from ._dispatch import njit_twins, pick
+from .step_outputs import empty
 
 
 @njit_twins()
@@ -63,9 +64,10 @@ def _cos_sin(theta: float, scale: float, dim: int, positions: bytes, factors: by
     return cos, sin
 
 
-def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray:
+def rope(x, positions, theta, neox, scale, dim, freq_factors=None, step=None) -> np.ndarray:
     """x: (..., S, H, Dh) f32, positions: (S,) int, or x's leading dims (..., S) (a
-    position per row) -> rotated float32 copy.
+    position per row) -> rotated float32 copy (in an array of ``step``'s, a
+    ``StepOutputs``, where given).
 
     Angle of pair i at position p: ``(p / scale) * theta ** (-2i / dim) / freq_factors[i]``
     (factors default to 1), computed in float64 and rounded to float32 cos/sin.
@@ -94,7 +96,7 @@ def rope(x, positions, theta, neox, scale, dim, freq_factors=None) -> np.ndarray
         factors = f.tobytes()
     cos, sin = _cos_sin(float(theta), float(scale), int(dim), pos.tobytes(), factors)
     x4 = x.reshape(-1, S, H, Dh)
-    out = np.empty_like(x4)
+    out = empty(step, 0, shape).reshape(x4.shape)
     if out.size:
         pick(_rope, out.size)(x4, cos, sin, out, bool(neox))
     return out.reshape(shape)

@@ -13,11 +13,13 @@ from . import attention, rope
 from .attention_rows import cached_rows, check_heads, check_rows, packed_rows
 from .block_rows import KINDS, gather_rows
 from .kv_cache import append_kv, kv_addresses, reserve_rows
+from .step_outputs import writes_into
 
 FEW_ROWS = 16  # up to this many query rows (a decode or lookup-verify step) per sequence
 
 
-def _embedding_run(args, attrs):
+@writes_into
+def _embedding_run(args, attrs, out=None):
     table, ids = args
     flat = np.asarray(ids).reshape(-1).astype(np.int64, copy=False)
     vocab = table.shape[0]
@@ -29,20 +31,21 @@ def _embedding_run(args, attrs):
         data = table.data
         if (flat.size <= FEW_ROWS and table.encoding in KINDS and data.ndim == 2
                 and data.dtype == np.uint8 and data.flags.c_contiguous):  # decode: serially
-            rows = gather_rows(data, table.encoding, k, flat)
+            rows = gather_rows(data, table.encoding, k, flat, out)
         else:
             rows = codecs.get(table.encoding).dequantize(data[flat], (flat.size, k))
         return [np.asarray(rows, np.float32).reshape(ids.shape + (k,))]
     return [np.take(table, flat, axis=0).reshape(ids.shape + (table.shape[1],))]
 
 
-def _rope_run(args, attrs):
+@writes_into
+def _rope_run(args, attrs, out=None):
     k = rope
     x, pos, *factors = args
     dim = attrs["dim"] or x.shape[-1]
-    out = k.rope(x, pos, attrs["theta"], attrs["style"] == "neox", attrs["scale"], dim,
-                 factors[0] if factors else None)
-    return [out.astype(x.dtype, copy=False)]
+    y = k.rope(x, pos, attrs["theta"], attrs["style"] == "neox", attrs["scale"], dim,
+               factors[0] if factors else None, out)
+    return [y.astype(x.dtype, copy=False)]
 
 
 def _with_cache(k, v, rest):
@@ -81,10 +84,10 @@ def _widened(run):
     (multi-head latent attention's v_head_dim): the cache holds both at the wider one,
     so q, k and v are zero-padded to it (the zeros add nothing to a score and give zero
     columns), the scale is the true q . k width's, and the output is cut back to v's."""
-    def call(args, *more):
+    def call(args, *more, **out):
         q, k, v, *rest = args
         if not rest or k.shape[-1] == v.shape[-1]:
-            return run(args, *more)
+            return run(args, *more, **out)      # out= where the runtime gives one
         dv, width = v.shape[-1], max(k.shape[-1], v.shape[-1])
         attrs = {**more[-1], "scale": _scale(more[-1], q.shape[-1])}
         padded = [_pad_last(a, width) for a in (q, k, v)]
@@ -110,13 +113,14 @@ def _window(attrs) -> int | None:
     return -int(chunk) if chunk else attrs["sliding_window"]
 
 
-def _attention_run(args, attrs):
+def _attention_run(args, attrs, out=None):
     kern = attention
     q, k, v, *rest = args
     sinks = _sinks(rest)
     if (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
             and k.shape[0] == q.shape[0] == v.shape[0]):   # decode: as one batched sequence
-        out, caches = _attention_batch([q, k, v, [rest[0]], *rest[1:]], [q.shape[0]], attrs)
+        out, caches = _attention_batch([q, k, v, [rest[0]], *rest[1:]], [q.shape[0]], attrs,
+                                       out)
         return [out, caches[0]]
     k, v, new_cache = _with_cache(k, v, rest[:1])
     if _rows_kernel(q, k, v):
@@ -146,10 +150,11 @@ def _attention_run(args, attrs):
     return [out] if new_cache is None else [out, new_cache]
 
 
-def _attention_batch(args, rows, attrs):
+def _attention_batch(args, rows, attrs, out=None):
     """``attention`` of a batched step in one kernel call, or None when a sequence needs
     the general path. q, k, v hold every sequence's rows one after another (axis -3);
-    the kv caches are one per sequence. Returns ``[out, [cache per sequence]]``."""
+    the kv caches are one per sequence. Returns ``[out, [cache per sequence]]`` (out in
+    an array of ``out``'s, a ``StepOutputs``, where given and the caches have room)."""
     q, k, v, *rest = args
     if not (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and max(rows) <= FEW_ROWS):
         return None
@@ -159,10 +164,10 @@ def _attention_batch(args, rows, attrs):
         grown = reserve_rows(rest[0], k, v, rows)     # the steady state: room in place
         if grown is not None:
             dst, caches = grown
-            out = cached_rows(np.ascontiguousarray(q, dtype=np.float32), k, v, dst,
-                              _scale(attrs, q.shape[-1]), attrs["causal"], _window(attrs),
-                              attrs["alibi_slopes"], attrs["softcap"], sinks)
-            return [out.astype(q.dtype, copy=False), caches]
+            y = cached_rows(np.ascontiguousarray(q, dtype=np.float32), k, v, dst,
+                            _scale(attrs, q.shape[-1]), attrs["causal"], _window(attrs),
+                            attrs["alibi_slopes"], attrs["softcap"], sinks, out)
+            return [y.astype(q.dtype, copy=False), caches]
     caches, keys, values, start = [], [], [], 0
     for n, past in zip(rows, rest[0]):
         kk, vv, cache = _with_cache(k[start:start + n], v[start:start + n], [past])
@@ -245,9 +250,10 @@ def masked_attention(q, k, v, mask, scale, causal, window, slopes, softcap,
     return np.ascontiguousarray(np.moveaxis(out, -3, -2))
 
 
-RUN = {"embedding": _embedding_run, "rope": _rope_run, "attention": _widened(_attention_run),
+RUN = {"embedding": _embedding_run, "rope": _rope_run,
+       "attention": writes_into(_widened(_attention_run)),
        "masked_attention": _widened(_masked_attention_run)}
 # ops whose sequences of a batched step run in one call (runtime._per_sequence)
 # (``fn(args, rows, attrs)``: row inputs of all sequences together, states per sequence;
 # returns the outputs with each state output a list, one per sequence, or None)
-RUN_BATCH = {"attention": _widened(_attention_batch)}
+RUN_BATCH = {"attention": writes_into(_widened(_attention_batch))}
