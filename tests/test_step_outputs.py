@@ -15,6 +15,9 @@ from maxdecl.weights.random import program_weights
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 F32 = md.DType.float32
+# the runners that take their outputs from the plan (step_outputs.writes_into)
+WRITERS = {"linear", "linear_group", "norm_chain", "act_mul", "rms_norm", "rope", "attention",
+           "embedding", "gather", "add", "sub", "mul"}
 
 
 def _model(name):
@@ -63,11 +66,10 @@ def test_decode_steps_reuse_their_arrays_with_the_same_bits(name):
     per_call = sum(o.made for o in held if o is not None) - made
     got2, _, _ = _greedy(session, [1, 2, 3, 4, 5], 12)
     assert sum(o.made for o in held if o is not None) - made == 2 * per_call
-    kinds = _kinds(kept)
-    for kind in ("linear_group", "norm_chain", "attention", "rope", "act_mul"):
-        at = [i for i, k in enumerate(kinds) if k == kind]
-        if at:
-            assert all(held[i] is not None for i in at), kind
+    returned = {id(x) for x in g.outputs}
+    for step, o, kind in zip(kept.steps, held, _kinds(kept)):
+        if kind in WRITERS and not any(id(x) in returned for x in step.outputs):
+            assert o is not None, kind
     want, _, _ = _greedy(Session(g, _fresh(md.compile(g, td))), [1, 2, 3, 4, 5], 12)
     for a, b in zip(got + got2, want[:7] + want):
         assert a.tobytes() == b.tobytes()
@@ -162,3 +164,15 @@ def test_step_outputs_keeps_repeated_small_arrays_within_the_budget():
     small = step_outputs.StepOutputs([0], 1, [100])
     assert small.empty(0, (40,), np.float32) is not small.empty(0, (40,), np.float32)
     assert step_outputs.empty(None, 0, (2,), np.int64).dtype == np.int64
+
+
+def test_the_writers_are_marked():
+    from maxdecl import fusion
+    from maxdecl.ops import _registry
+
+    for kind in sorted(WRITERS):
+        fn = fusion.runner(kind) if kind in ("linear_group", "norm_chain", "act_mul") \
+            else _registry.get(kind).runner()
+        assert getattr(fn, "writes_into", False), kind
+    assert _registry.get("attention").batch_runner().writes_into
+    assert not getattr(_registry.get("reshape").runner(), "writes_into", False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import activations
+from .step_outputs import empty, writes_into
 
 
 def _rsqrt(x):
@@ -14,6 +15,21 @@ def _rsqrt(x):
 
 def _binary(f):
     return lambda args, attrs: [np.asarray(f(args[0], args[1]))]
+
+
+def _arithmetic(f):
+    """``_binary(f)`` for an arithmetic ufunc, whose result has its operands' dtype when
+    they share one: into an array of the step's (``step_outputs``) when both operands
+    are float arrays of one dtype and the second broadcasts to the first's shape."""
+    @writes_into
+    def run(args, attrs, out=None):
+        a, b = args
+        if (out is not None and type(a) is np.ndarray and type(b) is np.ndarray
+                and a.dtype is b.dtype and a.dtype.kind == "f"
+                and (b.shape == a.shape or (b.size == 1 and b.ndim <= a.ndim))):
+            return [f(a, b, out=empty(out, 0, a.shape, a.dtype))]
+        return [np.asarray(f(a, b))]
+    return run
 
 
 def _integer_or(f_int, f_float, what):
@@ -100,7 +116,8 @@ def _laplace(x):
 
 
 RUN = {
-    "add": _binary(np.add), "sub": _binary(np.subtract), "mul": _binary(np.multiply),
+    "add": _arithmetic(np.add), "sub": _arithmetic(np.subtract),
+    "mul": _arithmetic(np.multiply),
     "div": _integer_or(np.floor_divide, np.divide, "division"),
     "mod": _integer_or(np.mod, np.mod, "modulo"), "pow": _binary(np.power), "maximum": _binary(np.maximum),
     "minimum": _binary(np.minimum),

@@ -6,6 +6,8 @@ import builtins
 
 import numpy as np
 
+from .step_outputs import empty, writes_into
+
 
 def _reshape_run(args, attrs):
     x = args[0]
@@ -62,7 +64,8 @@ def _slice_run(args, attrs):
     return [x[tuple(index)]]
 
 
-def _gather_run(args, attrs):
+@writes_into
+def _gather_run(args, attrs, out=None):
     x, idx = args
     axis = attrs["axis"] % x.ndim
     n = x.shape[axis]
@@ -73,7 +76,10 @@ def _gather_run(args, attrs):
         if lo < -n or hi >= n:
             raise IndexError(f"index {lo if lo < -n else hi} is out of range for axis {axis} "
                              f"of size {n}")
-    return [np.take(x, idx, axis=axis)]
+    if out is None or not isinstance(x, np.ndarray) or not isinstance(idx, np.ndarray):
+        return [np.take(x, idx, axis=axis)]
+    y = empty(out, 0, x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
+    return [np.take(x, idx, axis=axis, out=y, mode="wrap")]   # in range: checked above
 
 
 def _take_along_run(args, attrs):
