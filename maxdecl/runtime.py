@@ -536,8 +536,8 @@ def _generate(graph, preloaded, steps, nodes, fixed=None):
     run = scope["run"]
     run.steps = line_step
     run.names = [tuple(v(x) for x in step.inputs) for step in steps]
-    counts = [len(step.outputs) for step in steps]
-    run.new_outputs = lambda: outputs_of(reuse, counts)
+    plan = _slot_plan(steps, order, v, reuse)
+    run.new_outputs = lambda: outputs_of(plan)
     run.outputs = threading.local()
     return run
 
@@ -554,6 +554,49 @@ def _kept_values(steps, order, name, keep, runs) -> set:
                 and not getattr(runs[s], "writes_into", False)):
             kept.update(name(x) for x in step.inputs)
     return kept
+
+
+def _slot_plan(steps, order, name, reuse) -> list:
+    """Per step: None, or {output index (or ``step_outputs.ALL``, where every output is
+    in ``reuse[s]``): slot number} for its outputs in ``reuse[s]``. Two of one type
+    (dtype and symbolic shape, so one shape within a run) share a slot number when the
+    first one's array is last read, itself or through any value that may view it (the
+    outputs of reshapes, of runners not marked ``writes_into``, and the other outputs
+    of its own step), before the step that makes the second; the slot freed last is
+    taken first."""
+    from .kernels.step_outputs import ALL
+
+    made, roots, last = {}, {}, {}         # step -> buffers; value -> buffers; buffer -> at
+    for at, s in enumerate(order):
+        step = steps[s]
+        for x in step.inputs:
+            for b in roots.get(name(x), ()):
+                last[b] = at
+        if reuse[s] is None:
+            views = frozenset().union(*(roots.get(name(x), ()) for x in step.inputs))
+        else:
+            made[s] = [(j, str(step.outputs[j].type)) for j in reuse[s]]
+            if len(reuse[s]) == len(step.outputs):
+                made[s].append((ALL, "all " + " ".join(str(x.type) for x in step.outputs)))
+            views = frozenset((s, j) for j, _ in made[s])
+        for x in step.outputs:
+            roots[name(x)] = views
+    plan, free, ends, count = [None] * len(steps), {}, {}, 0
+    for at, s in enumerate(order):
+        for key, n in ends.pop(at - 1, ()):      # last read by the step before: free
+            free.setdefault(key, []).append(n)
+        if s not in made:
+            continue
+        plan[s] = {}
+        for j, key in made[s]:
+            pool = free.get(key)
+            if pool:
+                n = pool.pop()
+            else:
+                n, count = count, count + 1
+            plan[s][j] = n
+            ends.setdefault(max(at, last.get((s, j), at)), []).append((key, n))
+    return plan
 
 
 def _fixed_steps(graph, preloaded, steps, fixed) -> list:

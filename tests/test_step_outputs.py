@@ -7,8 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import maxdecl as md
+from maxdecl import runtime
 from maxdecl.kernels import step_outputs
 from maxdecl.pipelines.generate import Session
 from maxdecl.weights.random import program_weights
@@ -146,24 +149,77 @@ def test_threads_take_their_own_arrays():
         assert all(a.tobytes() == b.tobytes() for a, b in zip(got[i], logits))
 
 
-def test_step_outputs_keeps_repeated_small_arrays_within_the_budget():
-    budget = [step_outputs.BUDGET_BYTES]
-    held = step_outputs.StepOutputs([0], 2, budget)
-    first = held.empty(0, (2, 3), np.float32)
-    a = held.empty(0, (2, 3), np.float32)             # the shape again: kept from now
-    assert a is not first and held.empty(0, (2, 3), np.float32) is a
-    assert budget[0] == step_outputs.BUDGET_BYTES - a.nbytes
-    assert held.empty(0, (3, 2), np.float32) is not a          # another shape: remade
-    assert budget[0] == step_outputs.BUDGET_BYTES               # and a's bytes back
-    for _ in range(2):                                 # output 1 may outlive the run
-        assert held.empty(1, (2, 3), np.float32) is not held.empty(1, (2, 3), np.float32)
-        assert held.empty(step_outputs.ALL, (4,), np.float32) is not \
-            held.empty(step_outputs.ALL, (4,), np.float32)       # not every output kept
+def test_steps_of_one_slot_share_its_array_within_the_budget():
+    a_step, b_step, fresh = step_outputs.outputs_of([{0: 0}, {0: 0, 1: 1}, None])
+    assert fresh is None
+    a = a_step.empty(0, (2, 3), np.float32)
+    assert b_step.empty(0, (2, 3), np.dtype(np.float32)) is a       # slot 0, shared
+    assert a_step.empty(0, (2, 3), np.float32) is a
+    assert b_step.empty(1, (2, 3), np.float32) is not a              # slot 1
+    budget = a_step._budget
+    assert budget[0] == step_outputs.BUDGET_BYTES - 2 * a.nbytes
+    c = a_step.empty(0, (3, 2), np.float32)                           # another shape: remade
+    assert c is not a and b_step.empty(0, (3, 2), np.float32) is c
+    assert budget[0] == step_outputs.BUDGET_BYTES - 2 * a.nbytes
+    assert a_step.empty(5, (2,), np.float32) is not a_step.empty(5, (2,), np.float32)
     big = (step_outputs.MAX_BYTES // 4 + 1,)
-    assert held.empty(0, big, np.float32) is not held.empty(0, big, np.float32)
-    small = step_outputs.StepOutputs([0], 1, [100])
+    assert a_step.empty(0, big, np.float32) is not a_step.empty(0, big, np.float32)
+    (small,) = step_outputs.outputs_of([{0: 0}])
+    small._budget[0] = 100
     assert small.empty(0, (40,), np.float32) is not small.empty(0, (40,), np.float32)
     assert step_outputs.empty(None, 0, (2,), np.int64).dtype == np.int64
+
+
+class _V:
+    def __init__(self, kind):
+        self.type = kind
+
+
+class _Step:
+    def __init__(self, inputs, outputs):
+        self.inputs, self.outputs = inputs, outputs
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), max_size=3), st.integers(1, 2),
+                          st.integers(0, 2), st.booleans()), min_size=1, max_size=30))
+def test_slot_plan_never_gives_a_slot_to_two_arrays_in_use(spec):
+    """Random plans: outputs of steps that write into slots (``reuse``) or may view
+    their inputs; no two buffers in use at one step share a slot number."""
+    values, steps, reuse = [_V("in")], [], []
+    for reads, n_out, kind, writes in spec:
+        ins = [values[r % len(values)] for r in reads]
+        outs = [_V(f"t{kind}") for _ in range(n_out)]
+        values += outs
+        steps.append(_Step(ins, outs))
+        reuse.append(list(range(n_out)) if writes else None)
+    order = list(range(len(steps)))
+    plan = runtime._slot_plan(steps, order, lambda x: id(x), reuse)
+    # each buffer's life, by a plain fixpoint: the values that may view it, and the
+    # last step reading any of them
+    views = {}
+    for s, step in enumerate(steps):
+        if plan[s] is not None:
+            for j in plan[s]:
+                views[(s, j)] = {id(x) for x in step.outputs}
+    changed = True
+    while changed:
+        changed = False
+        for s, step in enumerate(steps):
+            if plan[s] is None:
+                for seen in views.values():
+                    if any(id(x) in seen for x in step.inputs):
+                        new = {id(x) for x in step.outputs} - seen
+                        if new:
+                            seen |= new
+                            changed = True
+    life = {b: (b[0], max([b[0]] + [s for s, step in enumerate(steps)
+                                     if any(id(x) in seen for x in step.inputs)]))
+            for b, seen in views.items()}
+    for b1, (a1, z1) in life.items():
+        for b2, (a2, z2) in life.items():
+            if b1 < b2 and plan[b1[0]][b1[1]] == plan[b2[0]][b2[1]]:
+                assert z1 < a2 or z2 < a1, (b1, b2)
 
 
 def test_the_writers_are_marked():
