@@ -111,9 +111,9 @@ def linear_group(args, attrs, out=None):
         prepared = _gemv_group(ws, attrs)
         if prepared is not None and x.shape[1] == w0.shape[1]:
             packed, offs, cols, enc = prepared
-            y = empty(out, ALL, (x.shape[0], int(offs[-1])))
-            gemv_q8.run_group(enc, x, packed, offs, y)
-            ys = [y[:, a:b] for a, b in cols]
+            whole = empty(out, ALL, (x.shape[0], int(offs[-1])))
+            gemv_q8.run_group(enc, x, packed, offs, whole)
+            ys = [whole[:, a:b] for a, b in cols]
             for y, b in zip(ys, bs):
                 np.add(y, b, out=y)
             return ys

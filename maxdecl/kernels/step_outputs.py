@@ -5,8 +5,9 @@ need not be allocated anew each time: ``runtime._generate`` gives each step whos
 runner is marked ``writes_into`` a ``StepOutputs``, and the runner takes its output
 arrays from it (``empty``). Outputs of one type share a ``Slot`` where their lives
 within a run do not overlap (``runtime._slot_plan``), as an allocator hands a freed
-block to the next request: the arrays stay few and recently written (one array per
-step measured 1-2% slower than NumPy's allocator). The runtime gives none where an
+block to the next request: the arrays stay few and recently written. (Against NumPy's
+allocator, which does the same, a Gemma 3 decode step measured 1.009x the time; with
+one array a step, 1.018x.) The runtime gives none where an
 output could outlive the run (a graph output, a value a fixed run remembers, or an
 array such a value may be a view of), and each thread its own, so that a run never
 writes into an array its caller still holds.
