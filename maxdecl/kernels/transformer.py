@@ -84,10 +84,10 @@ def _widened(run):
     (multi-head latent attention's v_head_dim): the cache holds both at the wider one,
     so q, k and v are zero-padded to it (the zeros add nothing to a score and give zero
     columns), the scale is the true q . k width's, and the output is cut back to v's."""
-    def call(args, *more, **out):
+    def call(args, *more, **kw):
         q, k, v, *rest = args
         if not rest or k.shape[-1] == v.shape[-1]:
-            return run(args, *more, **out)      # out= where the runtime gives one
+            return run(args, *more, **kw)       # out= where the runtime gives one
         dv, width = v.shape[-1], max(k.shape[-1], v.shape[-1])
         attrs = {**more[-1], "scale": _scale(more[-1], q.shape[-1])}
         padded = [_pad_last(a, width) for a in (q, k, v)]
@@ -119,9 +119,9 @@ def _attention_run(args, attrs, out=None):
     sinks = _sinks(rest)
     if (rest and q.ndim == 3 and k.ndim == 3 and v.ndim == 3 and q.shape[0] <= FEW_ROWS
             and k.shape[0] == q.shape[0] == v.shape[0]):   # decode: as one batched sequence
-        out, caches = _attention_batch([q, k, v, [rest[0]], *rest[1:]], [q.shape[0]], attrs,
-                                       out)
-        return [out, caches[0]]
+        y, caches = _attention_batch([q, k, v, [rest[0]], *rest[1:]], [q.shape[0]], attrs,
+                                     out)
+        return [y, caches[0]]
     k, v, new_cache = _with_cache(k, v, rest[:1])
     if _rows_kernel(q, k, v):
         check_rows([q.shape], [k], [v], attrs["alibi_slopes"], sinks)
